@@ -1,0 +1,42 @@
+"""naive: textbook attention that materializes the (Nq, Nk) scores and probabilities.
+
+Memory is O(B * H * Nq * Nk): the baseline every memory-efficient kernel is judged against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.backend import Backend, Capabilities
+from attnbench.heads import repeat_kv
+from attnbench.masks import allowed_rows
+
+
+class Naive(Backend):
+    name = "naive"
+    description = "softmax(Q K^T * scale) V with the full score matrix; GQA by repeating K/V"
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"))
+
+    def build(self, case, inputs):
+        allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k,
+                               inputs.q.device, case.block_layout, case.block_size)  # (Nq, Nk)
+        blocked = None if allowed is None else ~allowed
+        empty_rows = None
+        if allowed is not None and not bool(allowed.any(dim=-1).all()):
+            empty_rows = ~allowed.any(dim=-1, keepdim=True)  # (Nq, 1): rows that see nothing
+        scale, group = case.softmax_scale, case.group_size
+
+        def naive(q, k, v):
+            k, v = repeat_kv(k, group), repeat_kv(v, group)  # (B, Hq, Nk, D|Dv)
+            s = torch.matmul(q * scale, k.transpose(-1, -2))  # (B, Hq, Nq, Nk)
+            if blocked is not None:
+                s.masked_fill_(blocked, float("-inf"))
+            p = torch.softmax(s, dim=-1)
+            if empty_rows is not None:
+                p = p.masked_fill(empty_rows, 0.0)  # softmax of all -inf is NaN; define it as 0
+            return torch.matmul(p, v)  # (B, Hq, Nq, Dv)
+
+        return naive
+
+
+BACKENDS = [Naive()]
