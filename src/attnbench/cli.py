@@ -1,0 +1,173 @@
+"""Command line: ``attnbench run | list | env | report``.
+
+Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``);
+2 bad input, reported as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import BadInput
+
+GATE_STATUSES = ("wrong", "error", "crashed", "timeout")
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(option: str, text: str | None) -> list[int] | None:
+    items = _csv(text)
+    if items is None:
+        return None
+    try:
+        values = [int(x) for x in items]
+    except ValueError:
+        raise BadInput(f"{option} {text!r}: give comma-separated positive integers, "
+                       f"e.g. 512,1024") from None
+    if not values or min(values) <= 0:
+        raise BadInput(f"{option} {text!r}: sequence lengths must be positive integers")
+    return values
+
+
+def cmd_run(args) -> int:
+    from . import records, tables
+    from .registry import all_backends
+    from .report import build_report
+    from .runner import RunOptions, resolve_device, run_suite
+    from .suite import load_suite, override_axes
+
+    known = sorted(all_backends())
+    backends = _csv(args.backends)
+    for b in backends or []:
+        if b not in known:
+            raise BadInput(f"--backends: unknown backend {b!r}; allowed: {', '.join(known)}")
+    device = resolve_device(args.device)
+    suite = load_suite(args.suite, known)
+    override_axes(suite, backends=backends, dtype=_csv(args.dtype),
+                  seq_len=_ints("--seq-len", args.seq_len))
+    options = RunOptions(out=Path(args.out), run_id=args.run_id or args.resume,
+                         resume=bool(args.resume), isolate=not args.no_isolate,
+                         threads=args.threads, progress=not args.no_progress)
+    run_dir = run_suite(suite, device, options)
+    df = records.load_results(run_dir)
+    print(tables.to_text(tables.pivot(df)))
+    print(f"\n{tables.status_counts(df)}")
+    print(f"results: {run_dir}")
+    if not args.no_report:
+        report_dir = build_report([run_dir], Path(args.reports) / run_dir.name)
+        print(f"report:  {report_dir / 'index.md'}  ({report_dir / 'index.html'})")
+    if args.strict:
+        bad = df[df["status"].isin(GATE_STATUSES)]
+        if not bad.empty:
+            print(f"--strict: {len(bad)} record(s) with status in {', '.join(GATE_STATUSES)}",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_list(args) -> int:
+    from .api import list_backends
+    from .registry import all_backends
+
+    rows = list_backends()
+    if args.json:
+        for row in rows:
+            caps = all_backends()[row["name"]].caps
+            row["capabilities"] = {k: (list(v) if isinstance(v, tuple) else v)
+                                   for k, v in vars(caps).items()} if hasattr(
+                caps, "__dict__") else {}
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(r["name"]) for r in rows) if rows else 10
+    for r in rows:
+        state = "available" if r["available"] else "unavailable"
+        line = f"{r['name']:<{width}}  {state:<11}  {r['semantics']:<11}  {r['description']}"
+        print(line)
+        if not r["available"]:
+            print(f"{'':<{width}}  reason: {r['reason']}")
+    return 0
+
+
+def cmd_env(args) -> int:
+    from .environment import collect
+    from .runner import resolve_device
+
+    print(json.dumps(collect(resolve_device(args.device)), indent=2))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .records import RECORDS
+    from .report import build_report
+
+    runs = []
+    for r in args.runs:
+        p = Path(r)
+        if not (p / RECORDS).is_file():
+            raise BadInput(f"{r}: not a run directory (no {RECORDS} inside)")
+        runs.append(p)
+    name = args.name or runs[0].name
+    out = Path(args.out) if args.out else Path("reports") / name
+    build_report(runs, out)
+    print(f"report: {out / 'index.md'}  ({out / 'index.html'})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a suite and record results")
+    r.add_argument("--suite", default="quick", help="suite name (in suites/) or path to a .toml")
+    r.add_argument("--backends", help="comma-separated backends, replacing the suite's")
+    r.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    r.add_argument("--dtype", help="comma-separated dtypes, replacing the suite's")
+    r.add_argument("--seq-len", help="comma-separated sequence lengths, replacing the suite's")
+    r.add_argument("--out", default="results", help="results root (default: results)")
+    r.add_argument("--run-id", help="run directory name (default: time-suite-device)")
+    r.add_argument("--resume", metavar="RUN_ID", help="continue this run, skipping done records")
+    r.add_argument("--reports", default="reports", help="reports root (default: reports)")
+    r.add_argument("--no-report", action="store_true", help="do not write a report at the end")
+    r.add_argument("--no-isolate", action="store_true",
+                   help="run jobs in this process (no crash/timeout protection)")
+    r.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--strict", action="store_true",
+                   help="exit 1 if any record is wrong, error, crashed or timeout")
+    r.set_defaults(func=cmd_run)
+
+    ls = sub.add_parser("list", help="list backends with availability and reasons")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    e = sub.add_parser("env", help="print the environment a run would record")
+    e.add_argument("--device", default="auto")
+    e.set_defaults(func=cmd_env)
+
+    rep = sub.add_parser("report", help="turn runs into reports/<name>/index.md and .html")
+    rep.add_argument("runs", nargs="+", help="run directories (results/<run-id>)")
+    rep.add_argument("--name", help="report name (default: the first run's id)")
+    rep.add_argument("--out", help="output directory (default: reports/<name>)")
+    rep.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BadInput as exc:
+        print(f"attnbench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

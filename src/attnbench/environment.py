@@ -1,0 +1,93 @@
+"""What a measurement was taken on: device, libraries, CPU, threads, git state."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_state(cwd: str | Path | None = None) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout the package runs from, or (None, None)."""
+    where = Path(cwd) if cwd else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=where, capture_output=True, text=True, timeout=10,
+                                check=True).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def device_name(device: str) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return cpu_model()
+
+
+def collect(device: str) -> dict:
+    dev = torch.device(device)
+    commit, dirty = git_state()
+    env = {
+        "device": dev.type,
+        "device_name": device_name(device),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "xformers": _version("xformers"),
+        "numpy": _version("numpy"),
+        "attnbench": _version("attnbench"),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "cuda": torch.version.cuda,
+        "driver": None,
+        "gpu_capability": None,
+    }
+    if dev.type == "cuda":
+        env["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(dev)))
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                  "--format=csv,noheader"], capture_output=True, text=True,
+                                 timeout=10)
+            env["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return env
+
+
+# The few environment fields copied into every record, so a row stands on its own.
+RECORD_FIELDS = ("device_name", "torch", "triton", "git_commit", "threads")
+
+
+def record_fields(env: dict) -> dict:
+    return {f"env_{k}": env.get(k) for k in RECORD_FIELDS}

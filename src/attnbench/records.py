@@ -1,0 +1,115 @@
+"""Result files: records.jsonl (appended and flushed per record), meta.json, results.csv."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import BadInput
+
+STATUSES = ("ok", "unavailable", "unsupported", "oom", "skipped", "error", "crashed",
+            "timeout", "wrong")
+RECORDS = "records.jsonl"
+META = "meta.json"
+CSV = "results.csv"
+
+# Columns every record has, in this order at the front of results.csv.
+LEADING_COLUMNS = [
+    "run_id", "key", "backend", "status", "reason", "batch", "heads_q", "heads_kv", "seq_q",
+    "seq_k", "head_dim", "head_dim_v", "dtype", "device", "mask", "mode", "seed",
+    "time_ms_median", "time_ms_iqr", "time_ms_min", "time_cv", "n_samples", "tflops",
+    "tflops_dense", "gbps", "frac_matmul", "frac_bandwidth", "peak_mem_bytes",
+]
+
+
+def _clean(value):
+    """JSON has no NaN/Inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RecordWriter:
+    """Appends one JSON line per record and flushes it, so a killed run loses at most one."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / RECORDS
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._fh.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_records(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / RECORDS
+    if not path.exists():
+        return []
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            # A run killed mid-write leaves at most a torn last line; anything else is damage.
+            if n == len(path.read_text(encoding="utf-8").splitlines()):
+                continue
+            raise BadInput(f"{path}:{n}: not a JSON record") from None
+    return records
+
+
+def write_meta(run_dir: Path, meta: dict) -> None:
+    path = Path(run_dir) / META
+    path.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n",
+                    encoding="utf-8")
+
+
+def read_meta(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / META
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(records)
+    front = [c for c in LEADING_COLUMNS if c in df.columns]
+    return df[front + [c for c in df.columns if c not in front]]
+
+
+def write_csv(run_dir: Path) -> Path:
+    df = records_frame(read_records(run_dir)).drop(columns=["samples_ms"], errors="ignore")
+    path = Path(run_dir) / CSV
+    df.to_csv(path, index=False)
+    return path
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """A run directory, its records.jsonl or results.csv, or a directory of runs -> DataFrame."""
+    p = Path(path)
+    if p.is_file():
+        if p.suffix == ".csv":
+            return pd.read_csv(p)
+        return records_frame(read_records(p.parent))
+    if (p / RECORDS).exists():
+        return records_frame(read_records(p))
+    if p.is_dir():
+        runs = sorted(d for d in p.iterdir() if (d / RECORDS).exists())
+        if runs:
+            return records_frame([r for d in runs for r in read_records(d)])
+    raise BadInput(f"{path}: no records here (expected a run directory holding {RECORDS}, "
+                   f"a {CSV}, or a directory of runs)")

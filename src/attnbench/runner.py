@@ -1,0 +1,155 @@
+"""Orchestrates a run: metadata and ceilings, the job loop, OOM skipping, files, summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import environment, records
+from .case import Case
+from .ceilings import measure_ceilings
+from .errors import BadInput
+from .suite import Suite
+from .worker import InProcessExecutor, IsolatedExecutor
+
+
+@dataclass
+class RunOptions:
+    out: Path = Path("results")
+    run_id: str | None = None
+    resume: bool = False
+    isolate: bool = True
+    threads: int | None = None
+    progress: bool = True
+    measure_ceilings: bool = True
+
+
+def resolve_device(device: str | None) -> str:
+    """``auto`` picks CUDA when present; asking for CUDA without a GPU is bad input."""
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BadInput(f"--device {device}: no CUDA device is present on this machine; "
+                       f"allowed here: cpu, auto")
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise BadInput(f"--device {device}: unknown device; allowed: auto, cpu, cuda, cuda:N")
+    return device
+
+
+def default_run_id(suite: Suite, device: str) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{suite.name}-{torch.device(device).type}"
+
+
+def _group(case: Case) -> str:
+    """A case's sweep line with its size axes blanked: the cases an OOM speaks for."""
+    return case.replace(seq_q=1, seq_k=1, batch=1).key
+
+
+class OomTracker:
+    """After an OOM, larger cases of the same backend and sweep line are skipped."""
+
+    def __init__(self):
+        self.smallest: dict[tuple[str, str], Case] = {}
+
+    def note(self, case: Case, backend: str) -> None:
+        self.smallest.setdefault((backend, _group(case)), case)
+
+    def skip_reason(self, case: Case, backend: str) -> str | None:
+        failed = self.smallest.get((backend, _group(case)))
+        if failed is None:
+            return None
+        if (case.seq_q >= failed.seq_q and case.seq_k >= failed.seq_k
+                and case.batch >= failed.batch):
+            return f"skipped after an oom at the smaller case {failed.key}"
+        return None
+
+
+def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
+    device = resolve_device(device)
+    threads = options.threads or (torch.get_num_threads() if device == "cpu" else None)
+    for sweep in suite.sweeps:
+        sweep.axes["device"] = [device]
+    jobs = suite.jobs()
+    run_id = options.run_id or default_run_id(suite, device)
+    run_dir = Path(options.out) / run_id
+    done: set[tuple[str, str]] = set()
+    if options.resume:
+        if not run_dir.exists():
+            raise BadInput(f"--resume {run_id}: no such run under {options.out}")
+        done = {(r["key"], r["backend"]) for r in records.read_records(run_dir)}
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise BadInput(f"{run_dir}: run directory already exists; pass --resume to continue it "
+                       f"or choose another --run-id")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    if threads:
+        torch.set_num_threads(threads)
+    env = environment.collect(device)
+    env["threads"] = threads if device == "cpu" else env["threads"]
+    meta = records.read_meta(run_dir) if options.resume else {}
+    dtypes = sorted({c.dtype for c, _ in jobs})
+    meta.update({
+        "run_id": run_id,
+        "suite": suite.name,
+        "suite_description": suite.description,
+        "suite_path": suite.path,
+        "suite_hash": suite.content_hash,
+        "environment": env,
+        "timing": dataclasses.asdict(suite.timing) | {"timeout_s": suite.timeout_s},
+        "isolated": options.isolate,
+        "started": meta.get("started") or dt.datetime.now().astimezone().isoformat(),
+        "ended": None,
+    })
+    if options.measure_ceilings and ("ceilings" not in meta):
+        meta["ceilings"] = measure_ceilings(dtypes, device)
+    records.write_meta(run_dir, meta)
+    ceilings = meta.get("ceilings") or {}
+    env_cols = environment.record_fields(env)
+
+    executor = (IsolatedExecutor if options.isolate else InProcessExecutor)(threads)
+    oom = OomTracker()
+    todo = [(c, b) for c, b in jobs if (c.key, b) not in done]
+    bar = tqdm(todo, desc=f"attnbench {suite.name}", unit="job", disable=not options.progress,
+               dynamic_ncols=True)
+    try:
+        with records.RecordWriter(run_dir) as writer:
+            for case, backend in bar:
+                bar.set_postfix_str(f"{backend} {case.mask} {case.mode} N={case.seq_q}",
+                                    refresh=False)
+                reason = oom.skip_reason(case, backend)
+                if reason:
+                    rec = {"key": case.key, "backend": backend, **case.to_dict(),
+                           "status": "skipped", "reason": reason}
+                else:
+                    rec = executor.run(case, backend, suite.timing, suite.timeout_s)
+                if rec["status"] == "oom":
+                    oom.note(case, backend)
+                writer.write(finish_record(rec, run_id, suite.name, env_cols, ceilings))
+    finally:
+        executor.close()
+        bar.close()
+        meta["ended"] = dt.datetime.now().astimezone().isoformat()
+        records.write_meta(run_dir, meta)
+        if records.read_records(run_dir):
+            records.write_csv(run_dir)
+    return run_dir
+
+
+def finish_record(rec: dict, run_id: str, suite: str, env_cols: dict, ceilings: dict) -> dict:
+    """Run-level columns, ceiling fractions and the environment, on every record."""
+    rec = {"run_id": run_id, "suite": suite, **rec}
+    rec.setdefault("reason", "")
+    peak = ceilings.get("matmul_tflops", {}).get(rec.get("dtype"))
+    if rec.get("tflops") is not None and peak:
+        rec["frac_matmul"] = rec["tflops"] / peak
+    bw = ceilings.get("copy_gbps")
+    if rec.get("gbps") is not None and bw:
+        rec["frac_bandwidth"] = rec["gbps"] / bw
+    rec["recorded_at"] = dt.datetime.now().astimezone().isoformat()
+    return rec | env_cols

@@ -1,0 +1,306 @@
+"""Suites: TOML data describing sweeps. Loaded, validated, expanded into (case, backend) jobs.
+
+Validation errors are ``BadInput`` with one line naming the file, the key, the bad value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from .case import MODES, Case
+from .dtypes import DTYPES, canonical_dtype
+from .errors import BadInput
+from .masks import MASK_KINDS, MaskSpec
+from .timing import TimingBudget
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "defaults", "sweep")
+SWEEP_KEYS = ("name", "backends", "axes", "exclude")
+TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
+               "timeout_s": float}
+CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
+AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
+INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
+POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
+                 "head_dim_v", "block_size", "num_features", "memory_budget_mb"}
+SEQ_AXES = ("seq_len", "seq_q", "seq_k")
+
+
+@dataclass
+class Sweep:
+    name: str
+    backends: list[str]
+    axes: dict[str, list]
+    exclude: list[dict[str, list]] = field(default_factory=list)
+
+    def cases(self) -> list[Case]:
+        names = [a for a in self.axes if a not in SEQ_AXES] + [a for a in SEQ_AXES
+                                                                 if a in self.axes]
+        out = []
+        for values in itertools.product(*(self.axes[n] for n in names)):
+            point = dict(zip(names, values))
+            if any(_matches(ex, point) for ex in self.exclude if "backend" not in ex):
+                continue
+            if "seq_len" in point:
+                n = point.pop("seq_len")
+                point.setdefault("seq_q", n)
+                point.setdefault("seq_k", n)
+            point.setdefault("heads_kv", point.get("heads_q", Case.heads_q))
+            point.setdefault("head_dim_v", point.get("head_dim", Case.head_dim))
+            out.append(Case(**point))
+        return out
+
+    def backend_excluded(self, case: Case, backend: str) -> bool:
+        point = case.to_dict() | {"backend": backend, "seq_len": case.seq_q}
+        return any(_matches(ex, point) for ex in self.exclude if "backend" in ex)
+
+
+def _matches(rule: dict[str, list], point: dict) -> bool:
+    return all(k in point and point[k] in values for k, values in rule.items())
+
+
+@dataclass
+class Suite:
+    name: str
+    description: str
+    path: str
+    content_hash: str
+    timing: TimingBudget
+    timeout_s: float
+    sweeps: list[Sweep]
+
+    def jobs(self) -> list[tuple[Case, str]]:
+        """(case, backend) pairs in run order: every backend of a case together, sizes rising."""
+        seen = set()
+        jobs = []
+        for sweep in self.sweeps:
+            for case in sweep.cases():
+                for backend in sweep.backends:
+                    if sweep.backend_excluded(case, backend) or (case.key, backend) in seen:
+                        continue
+                    seen.add((case.key, backend))
+                    jobs.append((case, backend))
+        return jobs
+
+    @property
+    def backends(self) -> list[str]:
+        return list(dict.fromkeys(b for s in self.sweeps for b in s.backends))
+
+
+def find_suite(name_or_path: str) -> Path:
+    """A path to a TOML file, or the name of a suite in ./suites or shipped with attnbench."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise BadInput(f"{name_or_path}: suite file not found")
+        return p
+    local = Path("suites") / f"{name_or_path}.toml"
+    if local.is_file():
+        return local
+    shipped = resources.files("attnbench.suites") / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return Path(str(shipped))
+    known = sorted({q.stem for q in Path("suites").glob("*.toml")} | {
+        Path(str(q)).stem for q in resources.files("attnbench.suites").iterdir()
+        if str(q).endswith(".toml")})
+    raise BadInput(f"unknown suite {name_or_path!r}; known suites: {', '.join(known)} "
+                   f"(or give a path to a .toml file)")
+
+
+class _Validator:
+    def __init__(self, path: Path, known_backends: list[str] | None):
+        self.path = path
+        self.known_backends = known_backends
+
+    def fail(self, key: str, value, problem: str):
+        raise BadInput(f"{self.path}: {key} = {value!r}: {problem}")
+
+    def unknown_keys(self, table: dict, allowed, where: str):
+        for key in table:
+            if key not in allowed:
+                self.fail(f"{where}{key}", table[key],
+                          f"unknown key; allowed: {', '.join(allowed)}")
+
+    def axis_values(self, key: str, raw, where: str = "") -> list:
+        values = raw if isinstance(raw, list) and key != "block_pairs" else [raw]
+        if key == "block_pairs" and isinstance(raw, list) and raw and isinstance(raw[0], list) \
+                and raw[0] and isinstance(raw[0][0], list):
+            values = raw  # a list of explicit layouts
+        if not values:
+            self.fail(where + key, raw, "empty list; give at least one value")
+        return [self.axis_value(key, v, where) for v in values]
+
+    def axis_value(self, key: str, v, where: str = ""):
+        try:
+            return self._axis_value(key, v)
+        except BadInput as exc:
+            if where:
+                raise BadInput(str(exc).replace(f": {key} = ", f": {where}{key} = ", 1)) from None
+            raise
+
+    def _axis_value(self, key: str, v):
+        if key in INT_AXES:
+            if isinstance(v, bool) or not isinstance(v, int):
+                self.fail(key, v, "must be an integer")
+            if key in POSITIVE_AXES and v <= 0:
+                self.fail(key, v, "must be a positive integer")
+            if key in ("seed", "block_band", "block_global", "block_random",
+                       "additive_dim") and v < 0:
+                self.fail(key, v, "must be >= 0")
+            return v
+        if key == "dtype":
+            try:
+                return canonical_dtype(str(v))
+            except ValueError:
+                self.fail(key, v, f"unknown dtype; allowed: {', '.join(DTYPES)}")
+        if key == "mask":
+            try:
+                return str(MaskSpec.parse(str(v)))
+            except ValueError as exc:
+                self.fail(key, v, f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
+        if key == "mode":
+            if v not in MODES:
+                self.fail(key, v, f"unknown mode; allowed: {', '.join(MODES)}")
+            return v
+        if key == "device":
+            if not isinstance(v, str) or v.split(":")[0] not in ("cpu", "cuda", "auto"):
+                self.fail(key, v, "unknown device; allowed: auto, cpu, cuda, cuda:N")
+            return v
+        if key == "scale":
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                self.fail(key, v, "must be a positive number")
+            return float(v)
+        if key == "block_pairs":
+            if not isinstance(v, list) or not all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
+                    for p in v):
+                self.fail(key, v, "must be a list of [query_block, key_block] integer pairs")
+            return tuple(tuple(p) for p in v)
+        if not isinstance(v, str):
+            self.fail(key, v, "must be a string")
+        return v
+
+    def axes(self, table, where: str) -> dict[str, list]:
+        if not isinstance(table, dict):
+            self.fail(where.rstrip("."), table, "must be a table of axis = value or [values]")
+        self.unknown_keys(table, AXIS_KEYS, where)
+        return {k: self.axis_values(k, v, where) for k, v in table.items()}
+
+    def backends(self, raw, where: str) -> list[str]:
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not raw or not all(isinstance(b, str) for b in raw):
+            self.fail(where, raw, "must be a non-empty list of backend names")
+        if self.known_backends is not None:
+            for b in raw:
+                if b not in self.known_backends:
+                    self.fail(where, b, f"unknown backend; allowed: "
+                                        f"{', '.join(sorted(self.known_backends))}")
+        return list(raw)
+
+    def excludes(self, raw, where: str) -> list[dict[str, list]]:
+        if raw is None:
+            return []
+        if isinstance(raw, dict):
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(r, dict) for r in raw):
+            self.fail(where, raw, "must be a list of tables of axis = value(s)")
+        rules = []
+        for rule in raw:
+            self.unknown_keys(rule, AXIS_KEYS + ("backend",), f"{where}.")
+            rules.append({k: (self.backends(v, f"{where}.backend") if k == "backend"
+                              else self.axis_values(k, v, f"{where}.")) for k, v in rule.items()})
+        return rules
+
+
+def load_suite(name_or_path: str, known_backends: list[str] | None = None) -> Suite:
+    path = find_suite(name_or_path)
+    raw_bytes = path.read_bytes()
+    try:
+        data = tomllib.loads(raw_bytes.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: not valid TOML: {exc}") from None
+    return parse_suite(data, path, known_backends, hashlib.sha256(raw_bytes).hexdigest()[:16])
+
+
+def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
+                content_hash: str = "") -> Suite:
+    v = _Validator(path, known_backends)
+    v.unknown_keys(data, TOP_KEYS, "")
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        v.fail("name", name, "must be a non-empty string")
+    timing_raw = data.get("timing", {})
+    if not isinstance(timing_raw, dict):
+        v.fail("timing", timing_raw, "must be a table")
+    v.unknown_keys(timing_raw, tuple(TIMING_KEYS), "timing.")
+    timing = {}
+    for key, value in timing_raw.items():
+        kind = TIMING_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
+                kind is int and not isinstance(value, int)):
+            v.fail(f"timing.{key}", value, f"must be a positive {kind.__name__}")
+        timing[key] = value
+    timeout_s = float(timing.pop("timeout_s", 600.0))
+    defaults = v.axes(data.get("defaults", {}), "defaults.")
+    sweeps_raw = data.get("sweep")
+    if sweeps_raw is None:
+        if "backends" not in data or "axes" not in data:
+            v.fail("backends/axes", None, "a suite needs top-level backends and [axes], "
+                                          "or [[sweep]] tables")
+        sweeps_raw = [{"backends": data["backends"], "axes": data["axes"],
+                       "exclude": data.get("exclude")}]
+    elif "axes" in data:
+        v.fail("axes", data["axes"], "give axes inside each [[sweep]] (or use [defaults])")
+    if not isinstance(sweeps_raw, list) or not sweeps_raw:
+        v.fail("sweep", sweeps_raw, "must be a list of [[sweep]] tables")
+    sweeps = []
+    for i, s in enumerate(sweeps_raw):
+        where = f"sweep[{i}]"
+        if not isinstance(s, dict):
+            v.fail(where, s, "must be a table")
+        v.unknown_keys(s, SWEEP_KEYS, f"{where}.")
+        backends = v.backends(s.get("backends", data.get("backends")), f"{where}.backends")
+        axes = dict(defaults) | v.axes(s.get("axes", {}), f"{where}.axes.")
+        if "seq_len" in axes and ({"seq_q", "seq_k"} & set(axes)):
+            v.fail(f"{where}.axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
+                                                             "not both")
+        excludes = v.excludes(s.get("exclude"), f"{where}.exclude")
+        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes)
+        try:
+            sweep.cases()
+        except ValueError as exc:
+            v.fail(f"{where}.axes", {k: axes[k] for k in axes if k in str(exc)} or axes,
+                   str(exc))
+        sweeps.append(sweep)
+    return Suite(name, str(data.get("description", "")), str(path), content_hash,
+                 TimingBudget(**timing), timeout_s, sweeps)
+
+
+def override_axes(suite: Suite, **axes) -> Suite:
+    """Replace axis values in every sweep (CLI --dtype, --seq-len, --device, --backends)."""
+    v = _Validator(Path("command line"), None)
+    for sweep in suite.sweeps:
+        for key, values in axes.items():
+            if values is None:
+                continue
+            if key == "backends":
+                sweep.backends = list(values)
+                continue
+            checked = [v.axis_value(key, x) for x in values]
+            if key == "seq_len":
+                for k in ("seq_q", "seq_k"):
+                    sweep.axes.pop(k, None)
+            sweep.axes[key] = checked
+    return suite
