@@ -50,6 +50,7 @@ class Case:
     block_global: int = 1
     block_random: int = 2
     block_pairs: tuple[tuple[int, int], ...] = field(default=())
+    block_layout_name: str = "bigbird"  # layout block_sparse uses on a dense (mask none) case
     feature_map: str = "elu"
     num_features: int = 256
     additive_dim: int = 0  # 0 means head_dim
