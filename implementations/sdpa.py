@@ -3,14 +3,36 @@
 Causal with seq_q != seq_k uses ``causal_lower_right`` (bottom-right aligned, as in
 DESIGN.md); windows and block layouts go in as an explicit boolean mask, which
 restricts PyTorch to the kernels that accept a mask.
+
+Which kernel PyTorch picked is recorded per case in the ``kernel`` column: ``prepare``
+runs the function once under ``torch.profiler`` (outside the timed region) and maps the
+ATen op it saw to a short name (:data:`KERNEL_OPS`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
+
+import torch
 import torch.nn.functional as F
 
-from attnbench.backend import Backend, Capabilities
+from attnbench.backend import Backend, Capabilities, wrap_mode
 from attnbench.masks import allowed_rows
+
+# ATen ops that identify the SDPA kernel that ran, and their short names.
+KERNEL_OPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash_cpu",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_flash_attention_forward": "flash",  # causal_lower_right calls it directly
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_efficient_attention_forward": "efficient",  # causal_lower_right, idem
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_attention_math_for_mps": "math_mps",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
+}
 
 
 def sdpa_arguments(case, device) -> dict:
@@ -31,6 +53,60 @@ def sdpa_arguments(case, device) -> dict:
     return kwargs
 
 
+def kernel_from_ops(op_names) -> str:
+    """Short name of the first SDPA kernel op among ``op_names`` (in call order)."""
+    for name in op_names:
+        if name in KERNEL_OPS:
+            return KERNEL_OPS[name]
+    return "unknown"
+
+
+@contextmanager
+def _quiet_stderr():
+    """Silence fd 2 (kineto prints a line to it when a profiler starts and stops)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def detect_kernel(f, case, inputs) -> str:
+    """Run ``f`` once under the profiler (untimed) and name the SDPA kernel that ran.
+
+    Inputs require grad in backward modes, as in the timed run, because the kernel
+    choice may depend on it.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if inputs.q.is_cuda:
+        activities.append(ProfilerActivity.CUDA)
+    q, k, v = (t.detach().requires_grad_(case.needs_grad) for t in (inputs.q, inputs.k,
+                                                                      inputs.v))
+    prof = profile(activities=activities)
+    with _quiet_stderr():
+        prof.start()
+    try:
+        with torch.set_grad_enabled(case.needs_grad):
+            f(q, k, v)
+        if inputs.q.is_cuda:
+            torch.cuda.synchronize()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    return kernel_from_ops(e.name for e in prof.events())
+
+
 class Sdpa(Backend):
     name = "sdpa"
     description = "torch scaled_dot_product_attention, kernel chosen by PyTorch"
@@ -43,6 +119,13 @@ class Sdpa(Backend):
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
         return sdpa
+
+    def prepare(self, case, inputs):
+        f = self.build(case, inputs)
+        kernel = detect_kernel(f, case, inputs)
+        prepared = wrap_mode(f, case, inputs)
+        prepared.extras["kernel"] = kernel
+        return prepared
 
 
 BACKENDS = [Sdpa()]

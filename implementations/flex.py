@@ -1,0 +1,197 @@
+"""flex: ``torch.nn.attention.flex_attention`` compiled with ``torch.compile``.
+
+Masks are ``mask_mod`` functions turned into a ``BlockMask`` by ``create_block_mask``:
+causal and windows bottom-right aligned (``off = seq_k - seq_q``; query i sees key j iff
+``i + off - left <= j <= i + off + right``), block-sparse layouts by indexing the case's
+(n_q_blocks, n_k_blocks) layout with ``(q_idx // block_size, kv_idx // block_size)``, the
+same layouts the block_sparse backend uses. GQA through ``enable_gqa``.
+
+Compilation happens once per (shape, mask) in ``prepare``: the first call (forward, plus
+backward in backward modes) is timed on its own and recorded as ``compile_s``; the timed
+closure only ever hits the compiled code. Rows that see no key give 0 (as the reference).
+
+Limits (torch 2.13): on CPU inductor's flex template runs inference only (no backward)
+in float32 / float16 / bfloat16, needs AVX2 and a C++ compiler; on CUDA the Triton
+template needs head dims >= 16.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+
+import torch
+
+from attnbench.backend import ALL_MASKS, Backend, Capabilities, wrap_mode
+from attnbench.masks import INF
+
+# Per device type: dtypes, modes and smallest head dim the compiled kernel accepts.
+DEVICE_LIMITS = {
+    "cpu": {"dtypes": ("float32", "float16", "bfloat16"), "modes": ("fwd",), "head_dim_min": 1},
+    "cuda": {"dtypes": ("float32", "float16", "bfloat16"), "modes": ("fwd", "bwd", "fwd_bwd"),
+             "head_dim_min": 16},
+}
+
+# Enough compiled variants of flex_attention for a whole sweep in one process: past
+# dynamo's recompile limit (8 by default) it would silently run flex eagerly.
+RECOMPILE_LIMIT = 256
+
+_compiled = None
+
+
+def compiled_flex():
+    """The process-wide ``torch.compile(flex_attention)`` (shape-specialized)."""
+    global _compiled
+    if _compiled is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+        _compiled = torch.compile(flex_attention, dynamic=False)
+    return _compiled
+
+
+def mask_mod_for(case, device):
+    """The case's mask as a flex ``mask_mod(b, h, q_idx, kv_idx) -> bool``; None if unmasked."""
+    spec = case.mask_spec
+    off = case.seq_k - case.seq_q
+    if spec.kind == "none":
+        return None
+    if spec.is_banded:
+        left, right = spec.left, spec.right
+        if left == INF and right == INF:
+            return None
+        lo = None if left == INF else -int(left)
+        hi = None if right == INF else int(right)
+
+        if lo is None:
+            def band(b, h, q_idx, kv_idx):
+                return kv_idx - (q_idx + off) <= hi
+        elif hi is None:
+            def band(b, h, q_idx, kv_idx):
+                return kv_idx - (q_idx + off) >= lo
+        else:
+            def band(b, h, q_idx, kv_idx):
+                rel = kv_idx - (q_idx + off)
+                return (rel >= lo) & (rel <= hi)
+
+        return band
+    if spec.kind == "block_sparse":
+        layout = case.block_layout.to(device=device, dtype=torch.bool)  # (n_qb, n_kb)
+        bs = case.block_size
+
+        def block_sparse(b, h, q_idx, kv_idx):
+            return layout[q_idx // bs, kv_idx // bs]
+
+        return block_sparse
+    raise ValueError(f"unknown mask kind {spec.kind!r}")
+
+
+def _cpu_compile_problem() -> str:
+    """Why inductor cannot compile flex for CPU here ('' when it can)."""
+    if sys.platform == "darwin":
+        return "inductor's CPU flex_attention is not supported on macOS"
+    try:
+        avx2 = torch.cpu._is_avx2_supported()
+    except Exception:
+        avx2 = True
+    if not avx2 or os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        return "inductor's CPU flex_attention needs AVX2 (and ATEN_CPU_CAPABILITY != default)"
+    try:
+        from torch._inductor import cpp_builder
+
+        cpp_builder.get_cpp_compiler()
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"no C++ compiler for inductor's CPU code ({first})"
+    return ""
+
+
+class Flex(Backend):
+    name = "flex"
+    description = "FlexAttention (torch.compile'd flex_attention) with BlockMask masks"
+    caps = Capabilities(
+        devices=tuple(DEVICE_LIMITS),
+        dtypes=("float32", "float16", "bfloat16"),
+        masks=ALL_MASKS,
+    )
+
+    def is_available(self):
+        if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+            return False, f"torch {torch.__version__} has no torch.nn.attention.flex_attention"
+        return True, ""
+
+    def extra_reasons(self, case):
+        dev = torch.device(case.device).type
+        lim = DEVICE_LIMITS.get(dev)
+        if lim is None:
+            return []
+        out = []
+        if case.dtype in self.caps.dtypes and case.dtype not in lim["dtypes"]:
+            out.append(f"dtype {case.dtype} not supported on {dev}")
+        if case.mode not in lim["modes"]:
+            out.append(f"mode {case.mode}: FlexAttention does not support backward on {dev}")
+        if min(case.head_dim, case.head_dim_v) < lim["head_dim_min"]:
+            out.append(f"head dims must be >= {lim['head_dim_min']} on {dev} "
+                       f"(got {case.head_dim}, {case.head_dim_v})")
+        if dev == "cpu":
+            problem = _cpu_compile_problem()
+            if problem:
+                out.append(problem)
+        if dev == "cuda" and importlib.util.find_spec("triton") is None:
+            out.append("triton is not installed (torch.compile needs it on CUDA)")
+        return out
+
+    def build(self, case, inputs):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device = inputs.q.device
+        mask_mod = mask_mod_for(case, device)
+        block_mask = None
+        if mask_mod is not None:
+            block_mask = create_block_mask(mask_mod, None, None, case.seq_q, case.seq_k,
+                                           device=device)
+        scale, gqa = case.softmax_scale, case.heads_q != case.heads_kv
+        flex = compiled_flex()
+
+        def flex_fn(q, k, v):
+            return flex(q, k, v, block_mask=block_mask, scale=scale,
+                        enable_gqa=gqa)  # (B, Hq, Nq, Dv)
+
+        return flex_fn
+
+    def prepare(self, case, inputs):
+        f = self.build(case, inputs)
+        compile_s = _first_call(f, case, inputs)
+        prepared = wrap_mode(f, case, inputs)
+        prepared.extras["compile_s"] = compile_s
+        return prepared
+
+
+def _first_call(f, case, inputs) -> float:
+    """Compile by calling once (forward, and backward in backward modes); seconds taken."""
+    q, k, v = (t.detach().requires_grad_(case.needs_grad) for t in (inputs.q, inputs.k,
+                                                                      inputs.v))
+    sync = torch.cuda.synchronize if inputs.q.is_cuda else (lambda: None)
+    try:  # past the recompile limit, fail loudly rather than time eager flex
+        patch = torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+    except Exception:
+        patch = None
+    t0 = time.perf_counter()
+    if patch is not None:
+        patch.__enter__()
+    try:
+        with torch.set_grad_enabled(case.needs_grad):
+            out = f(q, k, v)
+            if case.needs_grad:
+                torch.autograd.grad(out, (q, k, v), inputs.grad_out)
+        sync()
+    finally:
+        if patch is not None:
+            patch.__exit__(None, None, None)
+    return time.perf_counter() - t0
+
+
+BACKENDS = [Flex()]
