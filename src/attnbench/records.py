@@ -32,12 +32,22 @@ def _clean(value):
     return value
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """A run killed mid-write leaves a last line without its newline: cut it before appending."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
 class RecordWriter:
     """Appends one JSON line per record and flushes it, so a killed run loses at most one."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / RECORDS
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
@@ -59,16 +69,17 @@ def read_records(run_dir: str | Path) -> list[dict]:
     if not path.exists():
         return []
     records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            # A run killed mid-write leaves at most a torn last line; anything else is damage.
-            if n == len(path.read_text(encoding="utf-8").splitlines()):
+            if n == len(lines):  # a run killed mid-write leaves at most a torn last line
                 continue
-            raise BadInput(f"{path}:{n}: not a JSON record") from None
+            raise BadInput(f"{path}:{n}: not a JSON record; allowed: one JSON object "
+                           f"per line") from None
     return records
 
 

@@ -266,22 +266,23 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
     if not isinstance(sweeps_raw, list) or not sweeps_raw:
         v.fail("sweep", sweeps_raw, "must be a list of [[sweep]] tables")
     sweeps = []
+    single = "sweep" not in data
     for i, s in enumerate(sweeps_raw):
-        where = f"sweep[{i}]"
+        where = "" if single else f"sweep[{i}]."  # key paths as the user wrote them
         if not isinstance(s, dict):
-            v.fail(where, s, "must be a table")
-        v.unknown_keys(s, SWEEP_KEYS, f"{where}.")
-        backends = v.backends(s.get("backends", data.get("backends")), f"{where}.backends")
-        axes = dict(defaults) | v.axes(s.get("axes", {}), f"{where}.axes.")
+            v.fail(where.rstrip("."), s, "must be a table")
+        v.unknown_keys(s, SWEEP_KEYS, where)
+        backends = v.backends(s.get("backends", data.get("backends")), f"{where}backends")
+        axes = dict(defaults) | v.axes(s.get("axes", {}), f"{where}axes.")
         if "seq_len" in axes and ({"seq_q", "seq_k"} & set(axes)):
-            v.fail(f"{where}.axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
-                                                             "not both")
-        excludes = v.excludes(s.get("exclude"), f"{where}.exclude")
+            v.fail(f"{where}axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
+                                                            "not both")
+        excludes = v.excludes(s.get("exclude"), f"{where}exclude")
         sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes)
         try:
             sweep.cases()
         except ValueError as exc:
-            v.fail(f"{where}.axes", {k: axes[k] for k in axes if k in str(exc)} or axes,
+            v.fail(f"{where}axes", {k: axes[k] for k in axes if k in str(exc)} or axes,
                    str(exc))
         sweeps.append(sweep)
     return Suite(name, str(data.get("description", "")), str(path), content_hash,

@@ -79,17 +79,20 @@ class IsolatedExecutor:
     def run(self, case: Case, backend: str, budget: TimingBudget, timeout_s: float) -> dict:
         if self.proc is None or not self.proc.is_alive():
             self._start()
+        timed_out = False
         try:
             self.conn.send((case, backend, budget))
             if self.conn.poll(timeout_s):
                 return self.conn.recv()
+            timed_out = True
         except (EOFError, BrokenPipeError, ConnectionResetError):
-            pass
+            pass  # the worker died; its pipe closed before it answered
         base = {"key": case.key, "backend": backend, **case.to_dict()}
-        if self.proc.is_alive():
+        if timed_out:
             self._stop(kill=True)
             return base | {"status": "timeout",
                            "reason": f"no result within the {timeout_s:g} s limit; worker killed"}
+        self.proc.join(timeout=30)
         code = self.proc.exitcode
         self._stop()
         if code is not None and code < 0:

@@ -1,0 +1,31 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    """Register tests/fake_backends.py through the plugin variable, for this test only."""
+    from attnbench.registry import all_backends
+
+    monkeypatch.setenv("ATTNBENCH_PLUGINS", "fake_backends")
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    all_backends(refresh=True)
+    yield
+    monkeypatch.delenv("ATTNBENCH_PLUGINS")
+    all_backends(refresh=True)
+
+
+@pytest.fixture
+def write_suite(tmp_path):
+    def write(text: str, name: str = "tiny.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return write

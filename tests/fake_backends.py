@@ -1,0 +1,101 @@
+"""Small misbehaving backends that make every record status reachable in tests.
+
+Loaded through ATTNBENCH_PLUGINS=fake_backends (tests/ is on sys.path under pytest,
+and the isolated worker inherits both the path and the variable).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from attnbench.backend import Backend, Capabilities
+from attnbench.errors import NotSupported
+from attnbench.heads import repeat_kv
+
+
+def _exact(case):
+    def f(q, k, v):
+        k, v = repeat_kv(k, case.group_size), repeat_kv(v, case.group_size)
+        p = torch.softmax(q @ k.transpose(-1, -2) * case.softmax_scale, dim=-1)
+        return p @ v
+
+    return f
+
+
+class Fake(Backend):
+    caps = Capabilities(masks=("none",))
+
+    def build(self, case, inputs):
+        return _exact(case)
+
+
+class OomAbove(Fake):
+    """Raises MemoryError (as an allocator would) for seq_q above a threshold."""
+
+    name = "fake_oom"
+
+    def build(self, case, inputs):
+        if case.seq_q > 32:
+            raise MemoryError(f"pretend allocation of {case.seq_q ** 2} elements failed")
+        return _exact(case)
+
+
+class Raises(Fake):
+    name = "fake_error"
+
+    def build(self, case, inputs):
+        def f(q, k, v):
+            raise RuntimeError("kernel launch failed: invalid configuration\nsecond line")
+
+        return f
+
+
+class Crashes(Fake):
+    name = "fake_crash"
+
+    def build(self, case, inputs):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class Hangs(Fake):
+    name = "fake_hang"
+
+    def build(self, case, inputs):
+        time.sleep(3600)
+
+
+class Nan(Fake):
+    name = "fake_nan"
+
+    def build(self, case, inputs):
+        return lambda q, k, v: torch.full_like(q, float("nan"))
+
+
+class SlightlyWrong(Fake):
+    name = "fake_wrong"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+        return lambda q, k, v: exact(q, k, v) * 1.01
+
+
+class Missing(Fake):
+    name = "fake_missing"
+    caps = Capabilities(masks=("none",), requires=("attnbench_no_such_module",))
+
+
+class Refuses(Fake):
+    """Capabilities say yes; the library refuses at setup (like a pinned SDPA kernel)."""
+
+    name = "fake_refuses"
+
+    def build(self, case, inputs):
+        raise NotSupported(self.name, ["library refused: head_dim must be a multiple of 8"])
+
+
+BACKENDS = [OomAbove(), Raises(), Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(),
+            Refuses()]

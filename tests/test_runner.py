@@ -1,0 +1,167 @@
+"""Every record status is reachable, records stream to JSONL, and runs resume."""
+
+import json
+
+import pytest
+
+from attnbench import load_results
+from attnbench.records import RECORDS, STATUSES, read_records
+from attnbench.runner import RunOptions, run_suite
+from attnbench.suite import load_suite
+
+SUITE = """
+name = "statuses"
+[timing]
+warmup_s = 0.001
+budget_s = 0.005
+min_reps = 2
+timeout_s = 8
+[defaults]
+heads_q = 2
+head_dim = 8
+[[sweep]]
+backends = ["naive", "fake_oom", "fake_error", "fake_nan", "fake_wrong", "fake_missing",
+            "fake_refuses", "fake_crash", "fake_hang"]
+[sweep.axes]
+seq_len = [16, 64, 128]
+[[sweep.exclude]]
+backend = ["fake_crash", "fake_hang", "fake_error", "fake_nan", "fake_wrong", "fake_missing",
+           "fake_refuses"]
+seq_len = [64, 128]
+[[sweep]]
+backends = ["fake_oom"]
+[sweep.axes]
+seq_len = 16
+mask = "causal"
+"""
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    """Fake backends for the whole module (one slow isolated run serves several tests)."""
+    import os
+
+    from attnbench.registry import all_backends
+
+    from conftest import TESTS
+
+    old = {k: os.environ.get(k) for k in ("ATTNBENCH_PLUGINS", "PYTHONPATH")}
+    os.environ["ATTNBENCH_PLUGINS"] = "fake_backends"
+    os.environ["PYTHONPATH"] = str(TESTS)
+    all_backends(refresh=True)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    all_backends(refresh=True)
+
+
+@pytest.fixture(scope="module")
+def suite_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("suite") / "statuses.toml"
+    path.write_text(SUITE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def status_run(plugins, suite_path, tmp_path_factory):
+    from attnbench.registry import all_backends
+
+    suite = load_suite(str(suite_path), sorted(all_backends()))
+    return run_suite(suite, "cpu", RunOptions(out=tmp_path_factory.mktemp("results"),
+                                              run_id="r1", progress=False,
+                                              measure_ceilings=False))
+
+
+def test_every_status_is_reachable(status_run):
+    recs = read_records(status_run)
+    by = {(r["backend"], r["seq_q"], r["mask"]): r for r in recs}
+    expect = {
+        ("naive", 16, "none"): "ok",
+        ("fake_oom", 16, "none"): "ok",
+        ("fake_oom", 64, "none"): "oom",
+        ("fake_oom", 128, "none"): "skipped",
+        ("fake_oom", 16, "causal"): "unsupported",
+        ("fake_error", 16, "none"): "error",
+        ("fake_nan", 16, "none"): "wrong",
+        ("fake_wrong", 16, "none"): "wrong",
+        ("fake_missing", 16, "none"): "unavailable",
+        ("fake_refuses", 16, "none"): "unsupported",
+        ("fake_crash", 16, "none"): "crashed",
+        ("fake_hang", 16, "none"): "timeout",
+    }
+    got = {k: by[k]["status"] for k in expect}
+    assert got == expect
+    assert {r["status"] for r in recs} == set(STATUSES)
+    for r in recs:
+        if r["status"] != "ok":
+            assert r["reason"] and "\n" not in r["reason"], r
+    assert "MemoryError" in by[("fake_oom", 64, "none")]["reason"]
+    assert "oom at the smaller case" in by[("fake_oom", 128, "none")]["reason"]
+    assert by[("fake_error", 16, "none")]["reason"] == (
+        "RuntimeError: kernel launch failed: invalid configuration")
+    assert "NaN" in by[("fake_nan", 16, "none")]["reason"]
+    assert "above the float32 tolerance" in by[("fake_wrong", 16, "none")]["reason"]
+    assert "attnbench_no_such_module" in by[("fake_missing", 16, "none")]["reason"]
+    assert "mask causal not supported" in by[("fake_oom", 16, "causal")]["reason"]
+    assert "library refused" in by[("fake_refuses", 16, "none")]["reason"]
+    assert "SIGSEGV" in by[("fake_crash", 16, "none")]["reason"]
+    assert "8 s" in by[("fake_hang", 16, "none")]["reason"]
+    # the sweep went on after the crash and the hang: later cases still ran
+    assert by[("naive", 128, "none")]["status"] == "ok"
+
+
+def test_ok_records_carry_metrics_and_environment(status_run):
+    ok = [r for r in read_records(status_run) if r["backend"] == "naive"]
+    for r in ok:
+        assert r["status"] == "ok"
+        assert r["err_impl_out_rel"] < 1e-5
+        assert r["err_vs_softmax_out_rel"] == r["err_impl_out_rel"]
+        assert len(r["samples_ms"]) == r["n_samples"] >= 2
+        assert r["time_ms_min"] <= r["time_ms_median"]
+        assert r["tflops"] == pytest.approx(r["flops"] / (r["time_ms_median"] * 1e-3) / 1e12)
+        assert r["env_torch"] and r["env_threads"] >= 1
+        assert r["run_id"] == "r1"
+    meta = json.loads((status_run / "meta.json").read_text())
+    assert meta["suite"] == "statuses" and meta["ended"]
+    assert meta["environment"]["device"] == "cpu"
+
+
+def test_jsonl_round_trip_and_load_results(status_run):
+    lines = (status_run / RECORDS).read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
+    assert recs == read_records(status_run)
+    df = load_results(status_run)
+    assert len(df) == len(recs)
+    assert list(df.columns[:4]) == ["run_id", "key", "backend", "status"]
+    csv = load_results(status_run / "results.csv")
+    assert list(csv["key"]) == list(df["key"])
+    assert "samples_ms" not in csv.columns  # raw samples stay in the JSONL
+
+
+def test_resume_skips_recorded_jobs_and_tolerates_a_torn_line(status_run, suite_path):
+    from attnbench.registry import all_backends
+
+    path = status_run / RECORDS
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["backend"] != "naive"]
+    path.write_text("\n".join(kept) + "\n" + '{"key": "torn')  # killed mid-write
+    suite = load_suite(str(suite_path), sorted(all_backends()))
+    run_suite(suite, "cpu", RunOptions(out=status_run.parent, run_id="r1", resume=True,
+                                       progress=False, measure_ceilings=False))
+    recs = read_records(status_run)
+    assert sorted(r["seq_q"] for r in recs if r["backend"] == "naive") == [16, 64, 128]
+    assert sum(r["backend"] == "fake_crash" for r in recs) == 1  # not run again
+
+
+def test_existing_run_is_not_overwritten(status_run, suite_path):
+    from attnbench.errors import BadInput
+    from attnbench.registry import all_backends
+
+    before = (status_run / RECORDS).read_text()
+    suite = load_suite(str(suite_path), sorted(all_backends()))
+    with pytest.raises(BadInput, match="already exists"):
+        run_suite(suite, "cpu", RunOptions(out=status_run.parent, run_id="r1", progress=False))
+    assert (status_run / RECORDS).read_text() == before

@@ -1,0 +1,120 @@
+"""Suite loading, expansion and validation messages."""
+
+import pytest
+
+from attnbench.errors import BadInput
+from attnbench.suite import load_suite
+
+KNOWN = ["naive", "sdpa"]
+GOOD = """
+name = "tiny"
+description = "test"
+backends = ["naive", "sdpa"]
+[timing]
+budget_s = 0.01
+[axes]
+heads_q = 2
+head_dim = 8
+seq_len = [16, 32]
+mask = ["none", "causal"]
+mode = "fwd"
+[[exclude]]
+mask = "causal"
+seq_len = 32
+"""
+
+
+def test_expansion_and_excludes(write_suite):
+    suite = load_suite(str(write_suite(GOOD)), KNOWN)
+    jobs = suite.jobs()
+    keys = {(c.seq_q, c.mask, b) for c, b in jobs}
+    assert (32, "causal", "naive") not in keys
+    assert len(jobs) == 3 * 2
+    # sizes rise within a line, every backend of a case together
+    assert [b for _, b in jobs[:2]] == ["naive", "sdpa"]
+    assert suite.timing.budget_s == 0.01
+    assert all(c.heads_kv == 2 and c.head_dim_v == 8 for c, _ in jobs)
+
+
+def test_sweeps_with_defaults_and_backend_excludes(write_suite):
+    text = """
+name = "multi"
+[defaults]
+head_dim = 8
+heads_q = 2
+[[sweep]]
+backends = ["naive", "sdpa"]
+[sweep.axes]
+seq_len = [8, 16]
+[[sweep.exclude]]
+backend = "naive"
+seq_len = 16
+[[sweep]]
+backends = ["sdpa"]
+[sweep.axes]
+seq_q = 4
+seq_k = [8, 12]
+mask = "window(2,0)"
+"""
+    jobs = load_suite(str(write_suite(text)), KNOWN).jobs()
+    assert ("naive", 16) not in {(b, c.seq_q) for c, b in jobs}
+    assert {(c.seq_q, c.seq_k) for c, b in jobs if c.mask == "window(2,0)"} == {(4, 8), (4, 12)}
+    assert len(jobs) == 3 + 2
+
+
+HEAD = 'name = "tiny"\nbackends = ["naive"]\n'
+
+
+@pytest.mark.parametrize("text,expected", [
+    (HEAD + '[axes]\nseq_len = 8\nmode = "fwd"', None),
+    (HEAD + 'colour = "red"\n[axes]\nseq_len = 8',
+     "tiny.toml: colour = 'red': unknown key; allowed: name, description"),
+    (HEAD + "[axes]\nheads_q = 6\nheads_kv = 4\nseq_len = 8",
+     "heads_q (6) must be a multiple of heads_kv (4)"),
+    (HEAD + "[axes]\nseq_len = [16, 0]", "tiny.toml: axes.seq_len = 0: must be a positive integer"),
+    (HEAD + '[axes]\nseq_len = "long"', "axes.seq_len = 'long': must be an integer"),
+    (HEAD + '[axes]\nseq_len = 8\ndtype = "float8"',
+     "axes.dtype = 'float8': unknown dtype; allowed: float64, float32, float16, bfloat16"),
+    (HEAD + '[axes]\nseq_len = 8\nmask = "diagonal"', "axes.mask = 'diagonal': unknown mask"),
+    (HEAD + '[axes]\nseq_len = 8\nmode = "train"',
+     "axes.mode = 'train': unknown mode; allowed: fwd, bwd, fwd_bwd"),
+    (HEAD + "[axes]\nseq_len = 8\nwidth = 3", "axes.width = 3: unknown key; allowed: batch"),
+    ('name = "tiny"\nbackends = ["naive", "flashy"]\n[axes]\nseq_len = 8',
+     "backends = 'flashy': unknown backend; allowed: naive, sdpa"),
+    (HEAD + "[timing]\nbudget_s = -1\n[axes]\nseq_len = 8",
+     "timing.budget_s = -1: must be a positive float"),
+    (HEAD + "[timing]\nmin_reps = 2.5\n[axes]\nseq_len = 8",
+     "timing.min_reps = 2.5: must be a positive int"),
+    ('name = "tiny"\n[[sweep]]\nbackends = ["naive"]\n[sweep.axes]\nseq_len = 8\n'
+     '[[sweep]]\nbackends = ["sdpa"]\n[sweep.axes]\nhead_dim = -8\nseq_len = 8',
+     "tiny.toml: sweep[1].axes.head_dim = -8: must be a positive integer"),
+])
+def test_validation_messages(write_suite, text, expected):
+    path = write_suite(text + "\n")
+    if expected is None:
+        assert load_suite(str(path), KNOWN).jobs()
+        return
+    with pytest.raises(BadInput) as err:
+        load_suite(str(path), KNOWN)
+    message = str(err.value)
+    assert "\n" not in message
+    assert expected in message
+
+
+def test_malformed_toml_and_missing_file(write_suite, tmp_path):
+    with pytest.raises(BadInput, match="not valid TOML"):
+        load_suite(str(write_suite("name = [unclosed")), KNOWN)
+    with pytest.raises(BadInput, match="suite file not found"):
+        load_suite(str(tmp_path / "absent.toml"), KNOWN)
+    with pytest.raises(BadInput, match="unknown suite 'nope'; known suites: .*quick"):
+        load_suite("nope", KNOWN)
+
+
+def test_shipped_suites_are_valid():
+    from pathlib import Path
+
+    from attnbench.registry import all_backends
+
+    for path in sorted((Path(__file__).parents[1] / "suites").glob("*.toml")):
+        suite = load_suite(str(path), sorted(all_backends()))
+        assert suite.jobs(), path
