@@ -14,7 +14,7 @@ from attnbench.reference import chunk_rows, softmax_reference
 def brute_force(q, k, v, allowed=None, scale=None):
     """Per-(head, row) loops: the definition, with GQA by head index // group."""
     B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Hkv = k.shape[1]
     scale = scale or 1 / math.sqrt(D)
     out = torch.zeros(B, Hq, Nq, v.shape[-1], dtype=torch.float64)
     for b in range(B):

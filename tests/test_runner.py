@@ -41,9 +41,9 @@ def plugins():
     """Fake backends for the whole module (one slow isolated run serves several tests)."""
     import os
 
-    from attnbench.registry import all_backends
-
     from conftest import TESTS
+
+    from attnbench.registry import all_backends
 
     old = {k: os.environ.get(k) for k in ("ATTNBENCH_PLUGINS", "PYTHONPATH")}
     os.environ["ATTNBENCH_PLUGINS"] = "fake_backends"
