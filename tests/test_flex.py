@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attnbench.implementations.flex import mask_mod_for
 from torch.nn.attention.flex_attention import create_mask
 
 from attnbench.case import Case
 from attnbench.dtypes import TOLERANCE_OUT
+from attnbench.implementations.flex import mask_mod_for
 from attnbench.masks import allowed_rows
 from attnbench.reference import case_reference
 from attnbench.registry import get_backend

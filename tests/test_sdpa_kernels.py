@@ -5,6 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnbench.case import Case
+from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.errors import NotSupported
+from attnbench.execute import CaseCache, execute
 from attnbench.implementations.sdpa import kernel_from_ops
 from attnbench.implementations.sdpa_kernels import (
     KERNEL_LIMITS,
@@ -12,12 +18,6 @@ from attnbench.implementations.sdpa_kernels import (
     _Pin,
     condense_refusal,
 )
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
-from attnbench.errors import NotSupported
-from attnbench.execute import CaseCache, execute
 from attnbench.reference import case_reference
 from attnbench.registry import get_backend
 from attnbench.timing import TimingBudget

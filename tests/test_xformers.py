@@ -15,11 +15,11 @@ import types
 
 import pytest
 import torch
-from attnbench.implementations import xformers_backend as xb
 
 from attnbench.case import Case
 from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
 from attnbench.errors import NotSupported
+from attnbench.implementations import xformers_backend as xb
 from attnbench.masks import MaskSpec, allowed_rows
 from attnbench.reference import case_reference
 from attnbench.registry import all_backends, get_backend
