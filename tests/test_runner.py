@@ -165,3 +165,24 @@ def test_existing_run_is_not_overwritten(status_run, suite_path):
     with pytest.raises(BadInput, match="already exists"):
         run_suite(suite, "cpu", RunOptions(out=status_run.parent, run_id="r1", progress=False))
     assert (status_run / RECORDS).read_text() == before
+
+
+def test_compare_flags_slower_and_broken_records(status_run, tmp_path, capsys):
+    import shutil
+
+    from attnbench.cli import main
+
+    new = tmp_path / "r2"
+    shutil.copytree(status_run, new)
+    recs = read_records(new)
+    for r in recs:
+        if r["backend"] == "naive" and r["seq_q"] == 64:
+            r["time_ms_median"] *= 2  # slower
+        if r["backend"] == "naive" and r["seq_q"] == 128:
+            r["status"], r["reason"] = "error", "RuntimeError: boom"
+    (new / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["compare", str(status_run), str(status_run), "--fail-on-regression"]) == 0
+    assert main(["compare", str(status_run), str(new), "--fail-on-regression"]) == 1
+    out = capsys.readouterr().out
+    assert "2 regression(s)" in out
+    assert "ok -> error" in out

@@ -1,6 +1,7 @@
-"""Command line: ``attnbench run | list | env | report``.
+"""Command line: ``attnbench run | list | env | report | compare``.
 
-Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``);
+Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``, ``compare
+--fail-on-regression``);
 2 bad input, reported as one line without a traceback.
 """
 
@@ -118,6 +119,28 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from .compare import join_runs, regressions
+    from .records import load_results
+
+    base, new = load_results(args.base), load_results(args.new)
+    for name, df in (("base", base), ("new", new)):
+        if args.metric not in df.columns:
+            raise BadInput(f"--metric {args.metric}: not a column of the {name} run; allowed: "
+                           f"time_ms_median, time_ms_min, tflops, peak_mem_bytes, ...")
+    joined = join_runs(base, new, args.metric)
+    shown = joined.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
+    with_cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio"]
+    print(shown[with_cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    bad = regressions(joined, args.metric, args.threshold)
+    print(f"\n{len(joined)} joined records, {len(shown)} with the metric in both runs, "
+          f"{len(bad)} regression(s) beyond {args.threshold:.0%}")
+    for _, r in bad.iterrows():
+        print(f"  REGRESSION {r['backend']} {r['key']}: {r['status_base']} -> "
+              f"{r['status_new']}, ratio {r['ratio']:.3g}")
+    return 1 if (args.fail_on_regression and not bad.empty) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -154,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--name", help="report name (default: the first run's id)")
     rep.add_argument("--out", help="output directory (default: reports/<name>)")
     rep.set_defaults(func=cmd_report)
+    c = sub.add_parser("compare", help="join two runs on (key, backend) and flag regressions")
+    c.add_argument("base", help="base run directory")
+    c.add_argument("new", help="new run directory")
+    c.add_argument("--metric", default="time_ms_median")
+    c.add_argument("--threshold", type=float, default=0.10,
+                   help="relative change that counts as a regression (default 0.10)")
+    c.add_argument("--fail-on-regression", action="store_true", help="exit 1 on a regression")
+    c.set_defaults(func=cmd_compare)
     return p
 
 
