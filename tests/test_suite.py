@@ -118,3 +118,37 @@ def test_shipped_suites_are_valid():
     for path in sorted((Path(__file__).parents[1] / "suites").glob("*.toml")):
         suite = load_suite(str(path), sorted(all_backends()))
         assert suite.jobs(), path
+
+
+def test_claims_are_validated_and_evaluated_from_records(write_suite):
+    import pandas as pd
+
+    from attnbench.claims import claims_table
+
+    text = GOOD + """
+[[claim]]
+text = "sdpa is at least 2x faster than naive"
+kind = "ratio"
+numerator = "naive"
+denominator = "sdpa"
+expected = [2]
+[[claim]]
+text = "naive is quadratic"
+kind = "exponent"
+backend = "naive"
+expected = [1.8, 2.2]
+"""
+    suite = load_suite(str(write_suite(text)), KNOWN)
+    assert len(suite.claims) == 2
+    rows = []
+    for n in (256, 512, 1024):
+        for backend, t in (("naive", 1e-6 * n**2), ("sdpa", 0.25e-6 * n**2)):
+            rows.append({"key": f"k{n}", "backend": backend, "status": "ok", "seq_q": n,
+                         "seq_k": n, "time_ms_median": t})
+    table = claims_table(pd.DataFrame(rows), suite.claims)
+    assert list(table["verdict"]) == ["holds", "holds"]
+    assert table["measured"][0].startswith("4, 4, 4")
+    assert table["measured"][1].startswith("2 ")
+    bad = GOOD + '[[claim]]\ntext = "x"\nkind = "guess"\n'
+    with pytest.raises(BadInput, match=r"claim\[0\].kind = 'guess': allowed: ratio, value"):
+        load_suite(str(write_suite(bad, "bad.toml")), KNOWN)

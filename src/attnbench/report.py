@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import records, tables  # noqa: E402
+from .claims import claims_table  # noqa: E402
 
 GROUP = ["dtype", "mask", "mode"]
 
@@ -90,6 +91,12 @@ def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if df.empty:
         return blocks + [("p", "No records.")]
+    claims = [c for d in run_dirs for c in records.read_meta(d).get("claims", [])]
+    if claims:
+        blocks.append(("h2", "Claims and measurements"))
+        blocks.append(("p", "Each claim is data in the suite; the measurement is computed from "
+                            "this run's ok records (ratios per case, exponents fitted over N)."))
+        blocks.append(("table", claims_table(df, claims).set_index("claim")))
     multi_run = df["run_id"].nunique() > 1
     lines = (["run_id"] if multi_run else []) + tables.LINE_COLUMNS
 

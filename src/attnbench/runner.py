@@ -100,6 +100,7 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
         "suite_description": suite.description,
         "suite_path": suite.path,
         "suite_hash": suite.content_hash,
+        "claims": suite.claims,
         "environment": env,
         "timing": dataclasses.asdict(suite.timing) | {"timeout_s": suite.timeout_s},
         "isolated": options.isolate,

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from .case import MODES, Case
+from .claims import validate_claims
 from .dtypes import DTYPES, canonical_dtype
 from .errors import BadInput
 from .masks import MASK_KINDS, MaskSpec
@@ -25,7 +26,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "defaults", "sweep")
+TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "defaults", "sweep",
+            "claim")
 SWEEP_KEYS = ("name", "backends", "axes", "exclude")
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float}
@@ -79,6 +81,7 @@ class Suite:
     timing: TimingBudget
     timeout_s: float
     sweeps: list[Sweep]
+    claims: list[dict] = field(default_factory=list)
 
     def jobs(self) -> list[tuple[Case, str]]:
         """(case, backend) pairs in run order: every backend of a case together, sizes rising."""
@@ -248,9 +251,11 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
     timing = {}
     for key, value in timing_raw.items():
         kind = TIMING_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
+        floor_ok = value >= 0 if key == "warmup_s" else value > 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not floor_ok or (
                 kind is int and not isinstance(value, int)):
-            v.fail(f"timing.{key}", value, f"must be a positive {kind.__name__}")
+            sign = "non-negative" if key == "warmup_s" else "positive"
+            v.fail(f"timing.{key}", value, f"must be a {sign} {kind.__name__}")
         timing[key] = value
     timeout_s = float(timing.pop("timeout_s", 600.0))
     defaults = v.axes(data.get("defaults", {}), "defaults.")
@@ -286,7 +291,8 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
                    str(exc))
         sweeps.append(sweep)
     return Suite(name, str(data.get("description", "")), str(path), content_hash,
-                 TimingBudget(**timing), timeout_s, sweeps)
+                 TimingBudget(**timing), timeout_s, sweeps,
+                 validate_claims(data.get("claim"), path))
 
 
 def override_axes(suite: Suite, **axes) -> Suite:
