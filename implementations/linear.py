@@ -1,0 +1,265 @@
+"""linear: kernelized attention ``phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(K_j))``.
+
+Approximates softmax attention (semantics APPROXIMATE): ``err_impl`` is measured against
+the float64 evaluation of this same formula with the same feature map and the same
+random features (:meth:`Linear.impl_reference`), and ``err_vs_softmax`` is the
+approximation error. Feature maps (``case.feature_map``):
+
+* ``elu``   -- ``phi(x) = elu(x) + 1`` on the raw q and k (Katharopoulos et al. 2020,
+  "Transformers are RNNs"); the softmax scale does not enter.
+* ``favor`` -- positive orthogonal random features of FAVOR+ (Choromanski et al. 2021,
+  "Rethinking Attention with Performers"): ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m)``
+  with ``x' = x * sqrt(scale)``, so that ``E[phi(q) . phi(k)] = exp(scale * q . k)``; the
+  m = ``case.num_features`` rows of W are blocks of orthogonal Gaussian directions with
+  chi-distributed norms, drawn from ``case.seed`` (:func:`favor_projection`).
+
+Non-causal: ``S = phi(K)^T [V, 1]`` once, then ``phi(Q) S``: O(N * F * Dv). The ones
+column carries the normaliser through the same matmul. Causal: chunked prefix sums --
+per chunk of C keys the state ``phi(K_c)^T [V_c, 1]``, an exclusive cumulative sum over
+chunks, and inside a chunk a masked C x C product: O(N * F * (Dv + C)), no loop per
+token and no (N, F, Dv) tensor. Causal with seq_q != seq_k is bottom-right aligned
+(query i sees keys j <= i + seq_k - seq_q); rows that see no key produce zeros.
+fp16/bf16 inputs are computed (and accumulated) in fp32, float64 in float64.
+Windows and block-sparse masks are not supported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
+from attnbench.masks import allowed_rows
+from attnbench.reference import RefResult, chunked_reference
+
+FEATURE_MAPS = ("elu", "favor")
+CHUNK = 64  # keys per chunk of the causal prefix sum
+BLOCK = 2048  # query rows per block: bounds the temporaries
+_SEED_SALT = 0xFA7012  # random features come from another stream than the inputs
+
+
+def favor_projection(case, device=None, dtype=torch.float64) -> torch.Tensor:
+    """(m, D) orthogonal random features for FAVOR+, deterministic in ``case.seed``.
+
+    Blocks of D rows are orthonormal (QR of a Gaussian matrix, signs fixed by R's diagonal);
+    each row is then scaled by the norm of an independent D-dimensional Gaussian vector, so
+    every row is marginally N(0, I_D) while rows within a block stay orthogonal.
+    """
+    m, D = case.num_features, case.head_dim
+    gen = torch.Generator().manual_seed(case.seed * 1_000_003 + _SEED_SALT)
+    blocks = []
+    for _ in range(math.ceil(m / D)):
+        g = torch.randn(D, D, generator=gen, dtype=torch.float64)
+        qm, r = torch.linalg.qr(g)
+        qm = qm * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, 1.0)
+        blocks.append(qm.T)  # rows orthonormal
+    w = torch.cat(blocks, dim=0)[:m]  # (m, D)
+    norms = torch.randn(m, D, generator=gen, dtype=torch.float64).norm(dim=1, keepdim=True)
+    return (w * norms).to(device=device or "cpu", dtype=dtype)
+
+
+def feature_fn(case, proj: torch.Tensor | None):
+    """phi for queries and for keys: ``(phi_q, phi_k)``, each x (..., N, D) -> (..., N, F).
+
+    For FAVOR+ the exponent is shifted by a detached maximum: per query row for queries,
+    and one per (batch, head) over all keys for keys. Both shifts cancel between numerator
+    and denominator, so the function is unchanged while exp cannot overflow.
+    """
+    if case.feature_map == "elu":
+
+        def elu1(x):
+            return F.elu(x).add_(1.0)
+
+        return elu1, elu1
+    root = math.sqrt(case.softmax_scale)
+    inv_sqrt_m = 1.0 / math.sqrt(proj.shape[0])
+
+    def exponent(x):
+        xs = x * root
+        return torch.matmul(xs, proj.T) - 0.5 * (xs * xs).sum(dim=-1, keepdim=True)  # (.., N, m)
+
+    def phi_q(x):
+        a = exponent(x)
+        return torch.exp(a - a.amax(dim=-1, keepdim=True).detach()) * inv_sqrt_m
+
+    def phi_k(x):
+        a = exponent(x)
+        return torch.exp(a - a.amax(dim=(-2, -1), keepdim=True).detach()) * inv_sqrt_m
+
+    return phi_q, phi_k
+
+
+def _normalise(y: torch.Tensor) -> torch.Tensor:
+    """[numerator, denominator] (..., Dv + 1) -> numerator / denominator (0 where no key)."""
+    num, den = y[..., :-1], y[..., -1:]
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def _causal(fq, fk, v1, state0, chunk):
+    """Causal linear attention, query i seeing keys j <= i (aligned), chunked prefix sums.
+
+    fq (B, Hkv, G, n, F); fk (B, Hkv, n, F); v1 (B, Hkv, n, E) with E = Dv + 1;
+    state0 (B, Hkv, F, E) or None: the state of all earlier keys.
+    Returns y (B, Hkv, G, n, E) and the state after these n keys (B, Hkv, F, E).
+    """
+    B, Hkv, G, n, Fd = fq.shape
+    E = v1.shape[-1]
+    C = max(1, min(chunk, n))
+    nc = -(-n // C)
+    pad = nc * C - n
+    if pad:  # padded keys have zero features: they add nothing
+        fq = F.pad(fq, (0, 0, 0, pad))
+        fk = F.pad(fk, (0, 0, 0, pad))
+        v1 = F.pad(v1, (0, 0, 0, pad))
+    fq = fq.reshape(B, Hkv, G, nc, C, Fd).transpose(2, 3).reshape(B, Hkv, nc, G * C, Fd)
+    fk = fk.reshape(B, Hkv, nc, C, Fd)  # (B, Hkv, nc, C, F)
+    v1 = v1.reshape(B, Hkv, nc, C, E)  # (B, Hkv, nc, C, E)
+    kv = torch.matmul(fk.transpose(-1, -2), v1)  # (B, Hkv, nc, F, E) per-chunk states
+    first = state0[:, :, None] if state0 is not None else torch.zeros_like(kv[:, :, :1])
+    # exclusive prefix sum: the state before each chunk, earlier blocks' keys included
+    state = torch.cumsum(torch.cat([first, kv[:, :, :-1]], dim=2), dim=2)  # (B, Hkv, nc, F, E)
+    final = state[:, :, -1] + kv[:, :, -1]  # (B, Hkv, F, E): after the last chunk
+    y = torch.matmul(fq, state)  # (B, Hkv, nc, G*C, E): keys of earlier chunks
+    a = torch.matmul(fq, fk.transpose(-1, -2))  # (B, Hkv, nc, G*C, C)
+    tri = torch.ones(C, C, dtype=torch.bool, device=fq.device).tril_()  # key <= query
+    a.masked_fill_(~tri.repeat(G, 1), 0.0)
+    y = torch.baddbmm(y.reshape(-1, G * C, E), a.reshape(-1, G * C, C),
+                      v1.reshape(-1, C, E))  # + keys of the own chunk
+    y = y.reshape(B, Hkv, nc, G, C, E).transpose(2, 3).reshape(B, Hkv, G, nc * C, E)
+    return y[:, :, :, :n], final
+
+
+def _with_ones(v):
+    """(B, H, N, Dv) -> (B, H, N, Dv + 1): the ones column carries the normaliser."""
+    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
+
+
+def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
+                     block: int = BLOCK):
+    """The backend's computation, in fp32 for fp16/bf16 inputs and float64 for float64.
+
+    Queries go in blocks of ``block`` rows (the causal state carried from block to
+    block), so temporaries stay O(block) and the one O(N) allocation per input is phi(K).
+    """
+    B, Hq, Nq, _ = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    phi_q, phi_k = feature_fn(case, None if proj is None else proj.to(cdt))
+    qc, vc = q.to(cdt), v.to(cdt)
+    fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
+    outs = []
+    if not causal:
+        s = torch.cat([torch.matmul(fk.transpose(-1, -2), vc),  # (B, Hkv, F, Dv)
+                       fk.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (B, Hkv, F, Dv + 1)
+        for r0 in range(0, Nq, block):
+            r1 = min(Nq, r0 + block)
+            fq = phi_q(qc[:, :, r0:r1]).reshape(B, Hkv, G * (r1 - r0), -1)  # (B, Hkv, G*R, F)
+            y = torch.matmul(fq, s)  # (B, Hkv, G*R, Dv + 1)
+            outs.append(_normalise(y).reshape(B, Hq, r1 - r0, -1))
+        return torch.cat(outs, dim=2).to(q.dtype)  # (B, Hq, Nq, Dv)
+    off = Nk - Nq  # bottom-right: query i sees keys j <= i + off
+    state = None
+    if off > 0:  # the first `off` keys are seen by every query: the initial state
+        state = torch.matmul(fk[:, :, :off].transpose(-1, -2), _with_ones(vc[:, :, :off]))
+    elif off < 0:  # the first -off queries see nothing
+        outs.append(qc.new_zeros(B, Hq, -off, v.shape[-1]))
+    for r0 in range(max(0, -off), Nq, block):
+        r1 = min(Nq, r0 + block)
+        fq = phi_q(qc[:, :, r0:r1]).reshape(B, Hkv, G, r1 - r0, -1)  # (B, Hkv, G, R, F)
+        c0, c1 = r0 + off, r1 + off  # the keys aligned with these rows
+        y, state = _causal(fq, fk[:, :, c0:c1], _with_ones(vc[:, :, c0:c1]), state, chunk)
+        outs.append(_normalise(y).reshape(B, Hq, r1 - r0, -1))  # (B, Hq, R, Dv)
+    return torch.cat(outs, dim=2).to(q.dtype)  # (B, Hq, Nq, Dv)
+
+
+def linear_rows(case, proj):
+    """Row function of the same formula as a masked quadratic (no prefix sums), any dtype."""
+    phi_q, phi_k = feature_fn(case, proj)
+    spec = case.mask_spec
+
+    def fn(qc, k, v, r0, r1):
+        B, Hq, R, _ = qc.shape
+        Hkv = k.shape[1]
+        G = Hq // Hkv
+        hi = k.shape[2]
+        if spec.kind == "causal":  # keys beyond the last row's limit are not needed
+            hi = max(0, min(hi, r1 + case.seq_k - case.seq_q))
+        fq = phi_q(qc).reshape(B, Hkv, G, R, -1)  # (B, Hkv, G, R, F)
+        # phi_k's key shift is taken over all keys, as in the backend; it cancels anyway
+        fk = phi_k(k)[:, :, :hi]  # (B, Hkv, hi, F)
+        a = torch.matmul(fq, fk.unsqueeze(2).transpose(-1, -2))  # (B, Hkv, G, R, hi)
+        allowed = allowed_rows(spec, r0, r1, case.seq_q, case.seq_k, qc.device)
+        if allowed is not None:
+            a = a.masked_fill(~allowed[:, :hi], 0.0)
+        vv = v[:, :, None, :hi]  # (B, Hkv, 1, hi, Dv)
+        num = torch.matmul(a, vv)  # (B, Hkv, G, R, Dv)
+        den = a.sum(dim=-1, keepdim=True)
+        out = num / torch.where(den > 0, den, torch.ones_like(den))
+        return out.reshape(B, Hq, R, v.shape[-1])
+
+    return fn
+
+
+class Linear(Backend):
+    name = "linear"
+    description = ("kernelized linear attention phi(Q)(phi(K)^T V) / phi(Q) sum phi(K); "
+                   "feature_map elu (elu+1) or favor (FAVOR+ random features)")
+    caps = Capabilities(masks=("none", "causal"))
+    semantics = APPROXIMATE
+
+    def extra_reasons(self, case):
+        out = []
+        if case.feature_map not in FEATURE_MAPS:
+            out.append(f"feature_map {case.feature_map!r} unknown; allowed: "
+                       f"{', '.join(FEATURE_MAPS)}")
+        elif case.feature_map == "favor" and case.num_features <= 0:
+            out.append(f"num_features must be positive for favor, got {case.num_features}")
+        if case.mask_spec.kind == "window":
+            out.append("linear attention keeps one running state per query and cannot drop "
+                       "keys that leave a window; use sliding_window")
+        return out
+
+    def _projection(self, case, device, dtype):
+        return favor_projection(case, device, dtype) if case.feature_map == "favor" else None
+
+    def build(self, case, inputs):
+        cdt = torch.float64 if case.dtype == "float64" else torch.float32
+        proj = self._projection(case, inputs.q.device, cdt)
+        causal = case.mask_spec.kind == "causal"
+
+        def linear(q, k, v):
+            return linear_attention(q, k, v, case, proj, causal)
+
+        return linear
+
+    def prepare(self, case, inputs):
+        prepared = wrap_mode(self.build(case, inputs), case, inputs)
+        how = f"chunked-prefix(C={CHUNK})" if case.mask_spec.kind == "causal" else "global-state"
+        feats = (f"favor(m={case.num_features})" if case.feature_map == "favor"
+                 else case.feature_map)
+        prepared.extras["kernel"] = f"{feats},{how}"
+        return prepared
+
+    def impl_reference(self, case, inputs) -> RefResult:
+        proj = self._projection(case, "cpu", torch.float64)
+        grad_out = inputs.grad_out if case.needs_grad else None
+        if case.mask_spec.kind == "none":  # the formula itself, O(N F Dv), in float64
+            proj = None if proj is None else proj.to(inputs.q.device)
+            q, k, v = (t.detach().to(torch.float64) for t in (inputs.q, inputs.k, inputs.v))
+            if grad_out is None:
+                return RefResult(linear_attention(q, k, v, case, proj, causal=False))
+            q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+            with torch.enable_grad():
+                out = linear_attention(q, k, v, case, proj, causal=False)
+                dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out.to(torch.float64))
+            return RefResult(out.detach(), dq, dk, dv)
+        # causal: the masked quadratic form, chunk by chunk over query rows
+        return chunked_reference(linear_rows(case, proj.to(inputs.q.device)
+                                             if proj is not None else None),
+                                 inputs.q, inputs.k, inputs.v, grad_out)
+
+
+BACKENDS = [Linear()]

@@ -1,0 +1,255 @@
+"""The linear (kernelized) backend against its own float64 reference and a brute-force form."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnbench.backend import APPROXIMATE
+from attnbench.case import Case, Inputs
+from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.implementations import linear as L
+from attnbench.reference import case_reference
+
+BACKEND = L.Linear()
+
+
+def rel(x, ref):
+    ref = ref.double()
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def small(**kw) -> Case:
+    base = dict(batch=2, heads_q=2, heads_kv=2, seq_q=40, seq_k=40, head_dim=8, head_dim_v=8,
+                mode="fwd_bwd", num_features=24)
+    base.update(kw)
+    return Case(**base)
+
+
+def run(case, inputs=None):
+    inputs = inputs or case.make_inputs()
+    prepared = BACKEND.prepare(case, inputs)
+    return inputs, prepared.outputs(prepared.fn())
+
+
+def check_against_reference(case):
+    assert BACKEND.not_supported_reasons(case) == []
+    inputs, got = run(case)
+    ref = BACKEND.impl_reference(case, inputs).as_dict()
+    assert set(ref) == ({"out", "dq", "dk", "dv"} if case.needs_grad else {"out"})
+    for name, r in ref.items():
+        tol = TOLERANCE_OUT[case.dtype] if name == "out" else TOLERANCE_GRAD[case.dtype]
+        assert got[name].shape == r.shape and got[name].dtype == case.torch_dtype, name
+        assert torch.isfinite(got[name].float()).all(), name
+        assert rel(got[name], r) < tol, (name, rel(got[name], r))
+    return inputs, got, ref
+
+
+def brute_force(case, q, k, v):
+    """O(N^2) float64 evaluation: phi from scratch, full masked kernel matrix, no tricks."""
+    q, k, v = (t.double() for t in (q, k, v))
+    if case.feature_map == "elu":
+        fq, fk = F.elu(q) + 1, F.elu(k) + 1
+    else:
+        w = L.favor_projection(case)  # (m, D)
+        c = case.softmax_scale ** 0.5
+        m = w.shape[0]
+        fq = torch.exp((q * c) @ w.T - (q * c).pow(2).sum(-1, keepdim=True) / 2) / math.sqrt(m)
+        fk = torch.exp((k * c) @ w.T - (k * c).pow(2).sum(-1, keepdim=True) / 2) / math.sqrt(m)
+    g = case.group_size
+    fk, v = fk.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    a = fq @ fk.transpose(-1, -2)  # (B, Hq, Nq, Nk)
+    if case.mask == "causal":
+        i = torch.arange(case.seq_q)[:, None]
+        j = torch.arange(case.seq_k)[None, :]
+        a = a * (j <= i + case.seq_k - case.seq_q)
+    den = a.sum(-1, keepdim=True)
+    return (a @ v) / torch.where(den > 0, den, torch.ones_like(den))
+
+
+CASES = {
+    "elu": small(),
+    "elu_causal": small(mask="causal"),
+    "favor": small(feature_map="favor"),
+    "favor_causal": small(feature_map="favor", mask="causal", num_features=40),
+    "gqa_causal": small(heads_q=6, heads_kv=2, mask="causal"),
+    "gqa_favor": small(heads_q=4, heads_kv=1, feature_map="favor"),
+    "cross_q_lt_k": small(seq_q=13, seq_k=90, mask="causal"),
+    "cross_q_gt_k": small(seq_q=90, seq_k=31, mask="causal", feature_map="favor"),
+    "cross_none": small(seq_q=17, seq_k=50),
+    "dv_differs": small(head_dim_v=5, mask="causal"),
+    "long_causal": small(batch=1, seq_q=300, seq_k=300, mask="causal", heads_q=2, heads_kv=1),
+    "fwd_only": small(mode="fwd", mask="causal"),
+    "bwd_only": small(mode="bwd", feature_map="favor"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fp32_matches_own_reference(name):
+    check_against_reference(CASES[name])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_other_dtypes_match_own_reference(dtype, feature_map):
+    check_against_reference(small(dtype=dtype, mask="causal", feature_map=feature_map,
+                                  heads_q=4, heads_kv=2))
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+@pytest.mark.parametrize("shape", [(50, 50), (23, 61), (61, 23)])
+@pytest.mark.parametrize("mask", ["causal", "none"])
+def test_against_brute_force(feature_map, shape, mask):
+    """Many blocks and chunks (block 16, chunk 5), in float64: agrees to rounding."""
+    case = small(seq_q=shape[0], seq_k=shape[1], mask=mask, feature_map=feature_map,
+                 heads_q=4, heads_kv=2, dtype="float64", mode="fwd")
+    inputs = case.make_inputs()
+    expect = brute_force(case, inputs.q, inputs.k, inputs.v)
+    proj = L.favor_projection(case) if feature_map == "favor" else None
+    causal = mask == "causal"
+    got = L.linear_attention(inputs.q, inputs.k, inputs.v, case, proj, causal, chunk=5, block=16)
+    assert torch.allclose(got, expect, rtol=1e-10, atol=1e-12)
+    # and with the default chunking, and the float64 reference
+    got = L.linear_attention(inputs.q, inputs.k, inputs.v, case, proj, causal)
+    assert torch.allclose(got, expect, rtol=1e-10, atol=1e-12)
+    ref = BACKEND.impl_reference(case, inputs).out
+    assert torch.allclose(ref, expect, rtol=1e-10, atol=1e-12)
+    # the fp32 backend on the same inputs
+    case32 = case.replace(dtype="float32")
+    inputs32 = Inputs(*(t.float() for t in (inputs.q, inputs.k, inputs.v)))
+    _, got32 = run(case32, inputs32)
+    assert rel(got32["out"], expect) < TOLERANCE_OUT["float32"]
+
+
+def test_chunked_gradients_match_brute_force():
+    case = small(seq_q=37, seq_k=45, mask="causal", dtype="float64", heads_q=4, heads_kv=2)
+    inputs = case.make_inputs()
+    go = torch.randn(2, 4, 37, 8, dtype=torch.float64)
+    grads = []
+    for fn in (lambda q, k, v: L.linear_attention(q, k, v, case, None, True, chunk=4, block=9),
+               lambda q, k, v: brute_force(case, q, k, v)):
+        qkv = [t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v)]
+        grads.append(torch.autograd.grad(fn(*qkv), qkv, go))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_rows_without_keys_are_zero():
+    case = small(seq_q=30, seq_k=12, mask="causal")
+    _, got, _ = check_against_reference(case)
+    empty = 30 - 12
+    assert torch.equal(got["out"][:, :, :empty], torch.zeros_like(got["out"][:, :, :empty]))
+    assert torch.equal(got["dq"][:, :, :empty], torch.zeros_like(got["dq"][:, :, :empty]))
+    assert got["out"][:, :, empty:].abs().sum() > 0
+
+
+def test_is_an_approximation_of_softmax():
+    assert BACKEND.semantics == APPROXIMATE
+    for fmap in ("elu", "favor"):
+        case = small(mode="fwd", feature_map=fmap, mask="causal")
+        inputs, got = run(case)
+        err = rel(got["out"], case_reference(case, inputs).out)
+        assert err > 1e-2, fmap  # measurably not softmax attention
+
+
+def test_favor_converges_to_softmax_with_more_features():
+    # small-norm inputs keep the estimator's variance moderate; seeded, so deterministic
+    base = small(batch=1, seq_q=48, seq_k=48, head_dim=16, head_dim_v=16, mode="fwd",
+                 feature_map="favor")
+    raw = base.make_inputs()
+    inputs = Inputs(raw.q * 0.5, raw.k * 0.5, raw.v)
+    errs = {}
+    for m in (16, 4096):
+        case = base.replace(num_features=m)
+        errs[m] = rel(run(case, inputs)[1]["out"], case_reference(case, inputs).out)
+    assert errs[4096] < errs[16] / 3
+
+
+def test_favor_projection_is_seeded_and_orthogonal():
+    case = small(head_dim=8, num_features=20, feature_map="favor")
+    w = L.favor_projection(case)
+    assert w.shape == (20, 8) and w.dtype == torch.float64
+    assert torch.equal(w, L.favor_projection(case))
+    assert not torch.equal(w, L.favor_projection(case.replace(seed=3)))
+    for block in (w[:8], w[8:16]):  # rows within a block are orthogonal
+        gram = block @ block.T
+        off_diagonal = gram - torch.diag(torch.diagonal(gram))
+        assert off_diagonal.abs().max() < 1e-10
+    norms = w.norm(dim=1)
+    assert norms.std() > 0.05  # chi-distributed norms, not all equal
+    assert abs(float((norms**2).mean()) / 8 - 1) < 0.5  # E|w|^2 = D
+    # build's fp32 projection is the same draw
+    assert torch.equal(L.favor_projection(case, dtype=torch.float32), w.float())
+    inputs = case.make_inputs()
+    with torch.no_grad():
+        o1 = BACKEND.build(case, inputs)(inputs.q, inputs.k, inputs.v)
+        o2 = BACKEND.build(case, inputs)(inputs.q, inputs.k, inputs.v)
+    assert torch.equal(o1, o2)
+    case_b = case.replace(seed=3)
+    with torch.no_grad():
+        o3 = BACKEND.build(case_b, inputs)(inputs.q, inputs.k, inputs.v)
+    assert not torch.equal(o1, o3)  # other seed, other features
+
+
+def test_favor_does_not_overflow_on_large_inputs():
+    case = small(feature_map="favor", mask="causal", mode="fwd", head_dim=16, head_dim_v=16)
+    raw = case.make_inputs()
+    inputs = Inputs(raw.q * 12, raw.k * 12, raw.v)  # exponents far beyond exp's fp32 range
+    _, got = run(case, inputs)
+    assert torch.isfinite(got["out"]).all()
+    ref = BACKEND.impl_reference(case, inputs).out
+    assert torch.isfinite(ref).all()
+
+
+def test_unsupported_masks_and_knobs_have_reasons():
+    for mask in ("window(8,0)", "block_sparse(local)"):
+        reasons = BACKEND.not_supported_reasons(small(mask=mask))
+        assert reasons and any("mask" in r for r in reasons), mask
+    assert any("feature_map" in r for r in BACKEND.not_supported_reasons(small(feature_map="x")))
+    assert BACKEND.not_supported_reasons(small(feature_map="favor", num_features=0))
+    assert BACKEND.not_supported_reasons(small(mask="causal")) == []
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+def test_causal_memory_is_linear_without_per_token_states(mode):
+    B, H, N, D = 1, 2, 512, 16
+    case = small(batch=B, heads_q=H, heads_kv=H, seq_q=N, seq_k=N, head_dim=D, head_dim_v=D,
+                 mask="causal", mode=mode)
+    inputs = case.make_inputs()
+    prepared = BACKEND.prepare(case, inputs)
+    spy = _LargestTensor()
+    with spy:
+        prepared.fn()
+    per_token_states = B * H * N * D * (D + 1)  # the (B, H, N, F, Dv + 1) cumulative states
+    # the largest tensor is O(N * (F + Dv + chunk)): phi(Q), phi(K), the intra-chunk product
+    assert spy.largest <= B * H * N * max(D + 1, L.CHUNK)
+    assert spy.largest * 4 < per_token_states
+
+
+def test_attention_api_with_defaults():
+    import attnbench
+
+    if not hasattr(attnbench, "attention"):
+        pytest.skip("attnbench.attention is not written yet")
+    case = small(mode="fwd", mask="causal", seq_q=12, seq_k=20)
+    inputs = case.make_inputs()
+    out = attnbench.attention(inputs.q, inputs.k, inputs.v, backend="linear", causal=True)
+    assert rel(out, BACKEND.impl_reference(case, inputs).out) < TOLERANCE_OUT["float32"]
