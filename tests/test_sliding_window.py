@@ -1,0 +1,185 @@
+"""sliding_window: exact local attention against the float64 reference, and its O(N * window)
+memory behaviour (measured as the largest allocation the computation makes, not as time)."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from attnbench.case import Case
+from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.implementations.sliding_window import (
+    SlidingWindow,
+    sliding_window_attention,
+    window_bias,
+    window_plan,
+)
+from attnbench.memory import peak_memory_bytes
+from attnbench.reference import case_reference
+
+BACKEND = SlidingWindow()
+# fp32 is held much tighter than the runner's tolerance; bf16 uses the runner's.
+TIGHT = {"float32": (1e-5, 1e-4), "bfloat16": (TOLERANCE_OUT["bfloat16"],
+                                              TOLERANCE_GRAD["bfloat16"])}
+
+
+class _LargestAllocation(TorchDispatchMode):
+    """Records the largest storage any operator returns (views report their base)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return out
+
+
+def largest_allocation(backend, case) -> int:
+    """Bytes of the largest tensor the timed closure (forward, and backward if any) creates."""
+    prepared = backend.prepare(case, case.make_inputs())
+    with _LargestAllocation() as mode:
+        prepared.fn()
+    return mode.largest
+
+
+def rel(a, b):
+    b = b.double()
+    return float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def run(case):
+    inputs = case.make_inputs()
+    prepared = BACKEND.prepare(case, inputs)
+    return prepared.outputs(prepared.fn()), case_reference(case, inputs).as_dict()
+
+
+def check(case):
+    assert BACKEND.not_supported_reasons(case) == []
+    outputs, expected = run(case)
+    tol_out, tol_grad = TIGHT[case.dtype]
+    assert set(expected) <= set(outputs)
+    for name, ref in expected.items():
+        got = outputs[name]
+        assert got.shape == ref.shape and got.dtype == case.torch_dtype
+        assert torch.isfinite(got).all(), name
+        assert rel(got, ref) < (tol_out if name == "out" else tol_grad), (name, rel(got, ref))
+    return outputs
+
+
+# (seq_q, seq_k, left, right, heads_q, heads_kv, head_dim, head_dim_v)
+SHAPES = [
+    pytest.param(77, 77, 5, 3, 2, 2, 16, 16, id="odd-self"),
+    pytest.param(37, 90, 5, 0, 2, 2, 16, 16, id="cross-shorter-q"),
+    pytest.param(90, 37, 5, 2, 2, 2, 16, 16, id="cross-longer-q-empty-rows"),
+    pytest.param(100, 100, 20, 11, 6, 2, 32, 24, id="gqa3-dv"),
+    pytest.param(64, 64, 0, 0, 4, 1, 16, 8, id="diagonal-mqa"),
+    pytest.param(50, 70, 1000, 1000, 2, 1, 16, 16, id="window-wider-than-seq"),
+    pytest.param(129, 129, 255, 0, 2, 2, 16, 16, id="left-only"),
+    pytest.param(40, 40, 0, 9, 2, 2, 16, 16, id="right-only"),
+]
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("nq,nk,left,right,hq,hkv,d,dv", SHAPES)
+def test_matches_float64_reference_fp32(nq, nk, left, right, hq, hkv, d, dv, mode):
+    check(Case(batch=2, heads_q=hq, heads_kv=hkv, seq_q=nq, seq_k=nk, head_dim=d,
+               head_dim_v=dv, mask=f"window({left},{right})", mode=mode, seed=3))
+
+
+@pytest.mark.parametrize("nq,nk", [(96, 96), (45, 70), (70, 45)])
+def test_matches_float64_reference_bf16(nq, nk):
+    check(Case(batch=1, heads_q=4, heads_kv=2, seq_q=nq, seq_k=nk, head_dim=32,
+               head_dim_v=16, mask="window(17,4)", mode="fwd_bwd", dtype="bfloat16", seed=1))
+
+
+def test_bwd_mode_matches_reference():
+    check(Case(batch=1, heads_q=2, heads_kv=1, seq_q=60, seq_k=60, head_dim=16,
+               mask="window(9,9)", mode="bwd", seed=4))
+
+
+def test_rows_that_see_nothing_are_zero_with_finite_gradients():
+    # seq_q > seq_k and a narrow window: with off = -50 query i sees keys [i-52, i-50],
+    # so rows 0..49 see nothing (and row 50 sees only key 0).
+    case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=70, seq_k=20, head_dim=8,
+                head_dim_v=8, mask="window(2,0)", mode="fwd_bwd", seed=2)
+    outputs = check(case)
+    assert torch.equal(outputs["out"][:, :, :50], torch.zeros_like(outputs["out"][:, :, :50]))
+    assert outputs["out"][:, :, 50:].abs().sum() > 0
+    assert torch.equal(outputs["dq"][:, :, :50], torch.zeros_like(outputs["dq"][:, :, :50]))
+
+
+def test_band_is_bottom_right_aligned():
+    # Each output row must equal attention of its own query over exactly the keys
+    # i + off - left .. i + off + right, computed by hand.
+    case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=6, seq_k=10, head_dim=4,
+                head_dim_v=4, mask="window(2,1)", seed=7)
+    inputs = case.make_inputs()
+    out = BACKEND.build(case, inputs)(inputs.q, inputs.k, inputs.v)[0, 0]
+    q, k, v = (t[0, 0].double() for t in (inputs.q, inputs.k, inputs.v))
+    off = 10 - 6
+    for i in range(6):
+        lo, hi = max(0, i + off - 2), min(9, i + off + 1)
+        w = torch.softmax(q[i] @ k[lo:hi + 1].T * case.softmax_scale, dim=0)
+        assert torch.allclose(out[i].double(), w @ v[lo:hi + 1], atol=1e-6)
+
+
+def test_chunking_does_not_change_the_result():
+    case = Case(batch=2, heads_q=4, heads_kv=2, seq_q=83, seq_k=83, head_dim=16,
+                head_dim_v=16, mask="window(7,3)")
+    inputs = case.make_inputs()
+    plan = window_plan(83, 83, 7, 3)
+    bias, keep = window_bias(plan, torch.float32, "cpu", case.group_size)
+    args = (inputs.q, inputs.k, inputs.v, plan, bias, keep, case.softmax_scale)
+    one_block = sliding_window_attention(*args, chunk_elements=1)  # a chunk per block
+    whole = sliding_window_attention(*args, chunk_elements=1 << 30)  # one chunk per head
+    assert torch.allclose(one_block, whole, atol=1e-6)
+
+
+def test_declares_unbounded_masks_unsupported():
+    for mask in ("none", "causal", "window(inf,0)", "window(3,inf)"):
+        reasons = BACKEND.not_supported_reasons(Case(mask=mask))
+        assert reasons and any("unbounded" in r for r in reasons), (mask, reasons)
+    assert BACKEND.not_supported_reasons(Case(mask="block_sparse(local)"))
+    assert BACKEND.not_supported_reasons(Case(mask="window(255,0)", heads_kv=2,
+                                              seq_q=100, seq_k=300, head_dim_v=32)) == []
+
+
+def test_plan_work_is_linear_in_sequence_length():
+    # Scores per query row stay Bq + L + R whatever N is.
+    widths = {n: window_plan(n, n, 255, 0).width for n in (1024, 4096, 16384)}
+    assert len(set(widths.values())) == 1 and widths[1024] < 1024 // 2
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+def test_largest_allocation_grows_linearly(mode):
+    sizes = {}
+    for n in (512, 1024, 2048):
+        case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=n, seq_k=n, head_dim=16,
+                    head_dim_v=16, mask="window(31,0)", mode=mode)
+        sizes[n] = largest_allocation(BACKEND, case)
+    assert sizes[2048] <= 2.3 * sizes[1024] <= 2.3 ** 2 * sizes[512], sizes
+    dense_scores = 2 * 2048 * 2048 * 4  # one (H, N, N) fp32 score matrix at N = 2048
+    assert sizes[2048] < dense_scores / 8, sizes
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+def test_peak_memory_grows_linearly(mode):
+    # Resident-set peak above what was held before (the runner's own measurement), best of
+    # three warm calls per size.
+    peaks = {}
+    for n in (2048, 4096, 8192):
+        case = Case(batch=1, heads_q=4, heads_kv=4, seq_q=n, seq_k=n, head_dim=32,
+                    head_dim_v=32, mask="window(63,0)", mode=mode)
+        prepared = BACKEND.prepare(case, case.make_inputs())
+        prepared.fn()
+        measured = [peak_memory_bytes(prepared.fn, "cpu") for _ in range(3)]
+        if None in measured:
+            pytest.skip("peak memory is not measurable on this platform")
+        peaks[n] = min(measured)
+    assert peaks[8192] <= 2.5 * peaks[4096] <= 2.5 ** 2 * peaks[2048], peaks
+    dense_scores = 4 * 8192 * 8192 * 4  # one (H, N, N) fp32 score matrix at N = 8192
+    assert peaks[8192] < dense_scores / 8, peaks
