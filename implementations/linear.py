@@ -125,8 +125,8 @@ def _causal(fq, fk, v1, state0, chunk):
     a = torch.matmul(fq, fk.transpose(-1, -2))  # (B, Hkv, nc, G*C, C)
     tri = torch.ones(C, C, dtype=torch.bool, device=fq.device).tril_()  # key <= query
     a.masked_fill_(~tri.repeat(G, 1), 0.0)
-    y = torch.baddbmm(y.reshape(-1, G * C, E), a.reshape(-1, G * C, C),
-                      v1.reshape(-1, C, E))  # + keys of the own chunk
+    # + keys of the own chunk, accumulated in place (y is not needed by any backward)
+    y = y.reshape(-1, G * C, E).baddbmm_(a.reshape(-1, G * C, C), v1.reshape(-1, C, E))
     y = y.reshape(B, Hkv, nc, G, C, E).transpose(2, 3).reshape(B, Hkv, G, nc * C, E)
     return y[:, :, :, :n], final
 
@@ -170,7 +170,8 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
         r1 = min(Nq, r0 + block)
         fq = phi_q(qc[:, :, r0:r1]).reshape(B, Hkv, G, r1 - r0, -1)  # (B, Hkv, G, R, F)
         c0, c1 = r0 + off, r1 + off  # the keys aligned with these rows
-        y, state = _causal(fq, fk[:, :, c0:c1], _with_ones(vc[:, :, c0:c1]), state, chunk)
+        fk_b = fk[:, :, c0:c1].contiguous()  # (B, Hkv, R, F), one copy for both products
+        y, state = _causal(fq, fk_b, _with_ones(vc[:, :, c0:c1]), state, chunk)
         outs.append(_normalise(y).reshape(B, Hq, r1 - r0, -1))  # (B, Hq, R, Dv)
     return torch.cat(outs, dim=2).to(q.dtype)  # (B, Hq, Nq, Dv)
 
