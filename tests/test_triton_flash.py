@@ -1,0 +1,405 @@
+"""triton_flash: forward and backward against the float64 reference, through the Triton
+interpreter on CPU (``TRITON_INTERPRET=1``, set below) or compiled on CUDA when the variable
+is explicitly ``0`` (``TRITON_INTERPRET=0 pytest tests/test_triton_flash.py`` on a GPU).
+
+Triton picks interpreter or compiler when a kernel is *defined* (``@triton.jit`` runs), not
+when ``triton`` is imported, so setting the variable here, at collection, is early enough:
+the backend imports its kernel module on first use. ``test_interpreter_mode_is_active``
+fails loudly if something imported the kernels compiled before this file was collected.
+
+Accuracy: fp32 must match float64 closely; for bf16/fp16 the criterion is FlashAttention's:
+the kernel's error may be at most twice the error of the same-dtype naive PyTorch
+implementation, plus a small absolute slack.
+"""
+
+from __future__ import annotations
+
+import os
+
+ON_GPU = os.environ.get("TRITON_INTERPRET", "").strip() == "0"
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import itertools  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from attnbench.case import Case, Inputs  # noqa: E402
+from attnbench.masks import MaskSpec  # noqa: E402
+from attnbench.reference import case_reference  # noqa: E402
+from attnbench.registry import get_backend  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+if ON_GPU and not torch.cuda.is_available():
+    pytest.skip("TRITON_INTERPRET=0 asks for the compiled kernels, but no CUDA GPU is present",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKEND = get_backend("triton_flash")
+# fp32 relative L2 bound: the interpreter multiplies in fp32; on a GPU fp32 runs as 3xTF32.
+FP32_TOL = 2e-5 if ON_GPU else 2e-6
+
+
+def kernels():
+    from attnbench.implementations import triton_flash
+
+    return triton_flash.kernels()
+
+
+def run_backend(case: Case, inputs: Inputs, backend=BACKEND):
+    """Output and gradients of a backend's build() on the case's inputs (float64 copies)."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    f = backend.build(case, inputs)
+    out = f(q, k, v)
+    out.backward(inputs.grad_out)
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a = a.detach().to(ref.device, torch.float64)
+    den = float(ref.norm())
+    num = float((a - ref).norm())
+    return num / den if den > 0 else num
+
+
+def max_abs(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.detach().to(ref.device, torch.float64) - ref).abs().max())
+
+
+def make_case(nq, nk, d, mask, hq=2, hkv=2, dtype="float32", dv=None, batch=1, scale=None,
+              seed=0) -> Case:
+    return Case(batch=batch, heads_q=hq, heads_kv=hkv, seq_q=nq, seq_k=nk, head_dim=d,
+                head_dim_v=dv or d, dtype=dtype, device=DEVICE, mask=mask, mode="fwd_bwd",
+                seed=seed, scale=scale)
+
+
+# ---- availability -----------------------------------------------------------------------
+def test_interpreter_mode_is_active():
+    from attnbench.implementations import triton_flash
+
+    if ON_GPU:
+        assert not triton_flash.interpreter_mode()
+    else:
+        assert triton_flash.interpreter_mode()
+        assert kernels().INTERPRET, "kernels were compiled before TRITON_INTERPRET=1 was set"
+    assert BACKEND.is_available() == (True, "")
+    assert BACKEND.not_supported_reasons(make_case(16, 16, 16, "causal")) == []
+
+
+def test_cpu_without_interpreter_is_refused_with_the_reason(monkeypatch):
+    from attnbench.implementations import triton_flash
+
+    monkeypatch.setattr(triton_flash, "interpreter_mode", lambda: False)
+    case = make_case(16, 16, 16, "none").replace(device="cpu")
+    assert BACKEND.not_supported_reasons(case) == [triton_flash.CPU_REASON]
+    assert "TRITON_INTERPRET=1" in triton_flash.CPU_REASON
+    if not torch.cuda.is_available():
+        assert BACKEND.is_available() == (False, triton_flash.CPU_REASON)
+
+
+def test_missing_triton_is_unavailable(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    ok, why = BACKEND.is_available()
+    assert not ok and "triton" in why
+
+
+def test_capabilities_reject_what_the_kernel_does_not_do():
+    assert BACKEND.not_supported_reasons(make_case(16, 16, 16, "block_sparse(local)"))
+    assert BACKEND.not_supported_reasons(make_case(16, 16, 16, "none", dtype="float64"))
+    assert BACKEND.not_supported_reasons(make_case(16, 16, 512, "none"))
+    assert BACKEND.not_supported_reasons(make_case(16, 16, 64, "none", dv=320))
+    assert BACKEND.not_supported_reasons(make_case(16, 16, 256, "none"))  # fp32 tiles too big
+    assert not BACKEND.not_supported_reasons(make_case(16, 16, 256, "none", dtype="bfloat16"))
+
+
+# ---- fp32: tight agreement with float64 ---------------------------------------------------
+FP32_CASES = [
+    # (seq_q, seq_k, d, mask, heads_q, heads_kv, d_v)
+    (17, 17, 16, "none", 2, 2, None),
+    (113, 64, 40, "causal", 4, 2, None),  # cross, GQA; rows 0..48 see no key at all
+    (64, 113, 64, "window(20,5)", 2, 1, None),  # MQA, both window edges, ragged tail
+    (1, 113, 16, "causal", 2, 2, None),  # one query row sees everything
+    (33, 17, 8, "window(3,inf)", 2, 2, 24),  # left-only window, d_v != d, tiny head dim
+]
+
+
+@pytest.mark.parametrize("nq,nk,d,mask,hq,hkv,dv", FP32_CASES,
+                         ids=[f"q{c[0]}-k{c[1]}-d{c[2]}-{c[3]}-h{c[4]}x{c[5]}" for c in FP32_CASES])
+def test_fp32_matches_float64(nq, nk, d, mask, hq, hkv, dv):
+    case = make_case(nq, nk, d, mask, hq, hkv, dv=dv)
+    inputs = case.make_inputs()
+    got = run_backend(case, inputs)
+    ref = case_reference(case, inputs).as_dict()
+    for name, expected in ref.items():
+        assert got[name].shape == expected.shape, name
+        assert bool(torch.isfinite(got[name]).all()), name
+        assert rel_l2(got[name], expected) < FP32_TOL, (name, rel_l2(got[name], expected))
+
+
+def test_scale_argument_is_used():
+    case = make_case(24, 40, 16, "causal", scale=0.7)
+    inputs = case.make_inputs()
+    got = run_backend(case, inputs)
+    ref = case_reference(case, inputs).as_dict()
+    default = case_reference(case.replace(scale=None), inputs).as_dict()
+    assert rel_l2(got["out"], ref["out"]) < FP32_TOL
+    assert rel_l2(got["dq"], ref["dq"]) < FP32_TOL
+    assert rel_l2(default["out"], ref["out"]) > 1e-2  # the scale matters in this case
+
+
+# ---- low precision: FlashAttention's criterion against naive PyTorch ----------------------
+LOW_CASES = [
+    (64, 64, 64, "causal", 2, 2, "bfloat16"),
+    (113, 47, 40, "window(16,16)", 4, 2, "bfloat16"),
+    (17, 80, 64, "none", 2, 1, "float16"),
+    (1, 20, 16, "causal", 2, 2, "bfloat16"),  # few numbers: needs round-to-nearest casts
+]
+
+
+@pytest.mark.parametrize("nq,nk,d,mask,hq,hkv,dtype", LOW_CASES,
+                         ids=[f"{c[6]}-q{c[0]}-k{c[1]}-d{c[2]}-{c[3]}" for c in LOW_CASES])
+def test_low_precision_within_twice_naive_error(nq, nk, d, mask, hq, hkv, dtype):
+    case = make_case(nq, nk, d, mask, hq, hkv, dtype=dtype)
+    inputs = case.make_inputs()
+    got = run_backend(case, inputs)
+    naive = run_backend(case, inputs, get_backend("naive"))
+    ref = case_reference(case, inputs).as_dict()
+    for name, expected in ref.items():
+        assert got[name].dtype == case.torch_dtype
+        slack = 1e-3 * float(expected.abs().max())
+        ours, theirs = max_abs(got[name], expected), max_abs(naive[name], expected)
+        assert ours <= 2 * theirs + slack, (name, "max-abs", ours, theirs)
+        ours, theirs = rel_l2(got[name], expected), rel_l2(naive[name], expected)
+        assert ours <= 2 * theirs + 1e-3, (name, "rel-L2", ours, theirs)
+
+
+# ---- masked blocks are skipped, empty rows are zero -----------------------------------------
+def _largest_blocks() -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) bounds over every configuration the kernels may run with here."""
+    K = kernels()
+    if K.INTERPRET:
+        return K.INTERPRETER_CONFIG.block_m, K.INTERPRETER_CONFIG.block_n
+    configs = [c for kern in ("fwd", "dkdv", "dq") for eb in (2, 4)
+               for c in K.candidate_configs(kern, 16, 16, eb)]
+    return max(c.block_m for c in configs), max(c.block_n for c in configs)
+
+
+def test_fully_masked_key_blocks_are_never_read():
+    """Keys no query can see are poisoned with NaN: visiting their block would spread NaN
+    (0 * NaN = NaN in P @ V), so finite, correct results prove those blocks were skipped."""
+    _, bn = _largest_blocks()
+    nq, left = 16, 4
+    nk = 3 * bn + 32  # query i sees keys [i + nk - nq - left, i + nk - nq]
+    dead = ((nk - nq - left) // bn) * bn  # whole key blocks nobody sees
+    assert dead >= 3 * bn - bn
+    case = make_case(nq, nk, 16, f"window({left},0)")
+    inputs = case.make_inputs()
+    k, v = inputs.k.clone(), inputs.v.clone()
+    k[:, :, :dead] = float("nan")
+    v[:, :, :dead] = float("nan")
+    got = run_backend(case, Inputs(inputs.q, k, v, inputs.grad_out))
+    ref = case_reference(case, inputs).as_dict()
+    for name, expected in ref.items():
+        assert bool(torch.isfinite(got[name]).all()), name
+        assert rel_l2(got[name], expected) < FP32_TOL, name
+    assert bool((got["dk"][:, :, :dead] == 0).all()) and bool((got["dv"][:, :, :dead] == 0).all())
+
+
+def test_rows_without_visible_keys_are_zero_and_never_read():
+    """Causal with seq_q > seq_k: the first seq_q - seq_k rows see no key. Their q and dO are
+    NaN, yet the outputs are 0 there, dq is 0 there, and the rest matches the clean reference."""
+    bm, _ = _largest_blocks()
+    nk = 16
+    empty = 3 * bm  # whole query blocks of empty rows
+    nq = nk + empty
+    case = make_case(nq, nk, 16, "causal")
+    inputs = case.make_inputs()
+    q, go = inputs.q.clone(), inputs.grad_out.clone()
+    q[:, :, :empty] = float("nan")
+    go[:, :, :empty] = float("nan")
+    got = run_backend(case, Inputs(q, inputs.k, inputs.v, go))
+    ref = case_reference(case, inputs).as_dict()
+    assert bool((got["out"][:, :, :empty] == 0).all())
+    assert bool((got["dq"][:, :, :empty] == 0).all())
+    for name, expected in ref.items():
+        assert bool(torch.isfinite(got[name]).all()), name
+        assert rel_l2(got[name], expected) < FP32_TOL, name
+
+
+def test_strided_inputs_are_read_in_place():
+    """(B, N, H, D) storage viewed as (B, H, N, D): no contiguity is required."""
+    case = make_case(20, 36, 40, "causal", 2, 1)
+    inputs = case.make_inputs()
+    q, k, v, go = (t.transpose(1, 2).contiguous().transpose(1, 2)
+                   for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out))
+    assert not q.is_contiguous()
+    got = run_backend(case, Inputs(q, k, v, go))
+    ref = case_reference(case, inputs).as_dict()
+    for name, expected in ref.items():
+        assert rel_l2(got[name], expected) < FP32_TOL, name
+
+
+# ---- through the public API and the runner ---------------------------------------------------
+def test_public_attention_is_differentiable():
+    import attnbench
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 2, 12, 16, generator=g, device="cpu").to(DEVICE).requires_grad_(True)
+    k = torch.randn(1, 1, 20, 16, generator=g).to(DEVICE).requires_grad_(True)
+    v = torch.randn(1, 1, 20, 16, generator=g).to(DEVICE).requires_grad_(True)
+    out = attnbench.attention(q, k, v, backend="triton_flash", window=(5, 0), scale=0.3)
+    out.square().sum().backward()
+    ref_case = Case(batch=1, heads_q=2, heads_kv=1, seq_q=12, seq_k=20, head_dim=16,
+                    head_dim_v=16, device=DEVICE, mask="window(5,0)", scale=0.3)
+    ref = case_reference(ref_case, Inputs(q, k, v, (2 * out).detach()), need_grads=True)
+    assert rel_l2(out, ref.out) < FP32_TOL
+    assert rel_l2(q.grad, ref.dq) < 5 * FP32_TOL and rel_l2(k.grad, ref.dk) < 5 * FP32_TOL
+
+
+def test_runner_records_ok_with_kernel_extras():
+    from attnbench.execute import CaseCache, execute
+    from attnbench.timing import TimingBudget
+
+    case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=17, seq_k=17, head_dim=16, head_dim_v=16,
+                device=DEVICE, mask="causal", mode="bwd")
+    rec = execute(case, "triton_flash", TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache())
+    assert rec["status"] == "ok", rec.get("reason")
+    assert rec["err_impl_dk_rel"] < 5 * FP32_TOL
+    assert rec["kernel"].startswith("triton_flash[causal] fwd=")
+    assert "compile_s" in rec
+
+
+# ---- tuning data and the GPU compile ---------------------------------------------------------
+def test_candidate_configs_are_hopper_tiles():
+    K = kernels()
+    for kernel, elem_bytes in itertools.product(("fwd", "dkdv", "dq"), (2, 4)):
+        for d in (16, 40, 64, 80, 96, 112, 128, 256):
+            configs = K.candidate_configs(kernel, d, d, elem_bytes)
+            assert configs and len(set(configs)) == len(configs)
+            for c in configs:
+                resident, step = ((c.block_n, c.block_m) if kernel == "dkdv"
+                                  else (c.block_m, c.block_n))
+                assert resident in (64, 128) and step in (32, 64, 128), (kernel, d, c)
+                assert c.num_warps in (4, 8) and 2 <= c.num_stages <= 4
+    assert K.head_block(40) == 64 and K.head_block(8) == 16 and K.head_block(256) == 256
+
+
+def _nvidia_backend_present() -> bool:
+    try:
+        from triton.backends import backends
+
+        return "nvidia" in backends
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _nvidia_backend_present(), reason="Triton's NVIDIA backend is missing")
+def test_kernels_compile_for_hopper_without_a_gpu():
+    """The interpreter accepts code the compiler rejects: compile each kernel for sm_90
+    (ptxas included) in a fresh process, with the window mask (both edges) and a padded
+    head dimension, which take every code path, and check the shared memory fits an H100."""
+    script = textwrap.dedent("""
+        import os, sys
+        os.environ.pop("TRITON_INTERPRET", None)
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from attnbench.implementations import _triton_flash_kernels as K
+        assert not K.INTERPRET
+        D, DT = 96, "bf16"
+        kernels = {
+            "fwd": (K._fwd_kernel, {"Q": DT, "K": DT, "V": DT, "O": DT, "LSE": "fp32"}),
+            "dkdv": (K._bwd_dkdv_kernel, {"Q": DT, "K": DT, "V": DT, "DO": DT, "DK": DT,
+                                          "DV": DT, "LSE": "fp32", "DELTA": "fp32"}),
+            "dq": (K._bwd_dq_kernel, {"Q": DT, "K": DT, "V": DT, "DO": DT, "DQ": DT,
+                                      "LSE": "fp32", "DELTA": "fp32"}),
+        }
+        for name, (fn, ptrs) in kernels.items():
+            cfg = K.candidate_configs(name, D, D)[0]
+            consts = dict(HEAD_D=D, HEAD_DV=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          BLOCK_D=K.head_block(D), BLOCK_DV=K.head_block(D), HAS_LEFT=True,
+                          HAS_RIGHT=True, DOT_PREC="tf32")
+            sig = {}
+            for a in fn.arg_names:
+                if a in consts:
+                    sig[a] = "constexpr"
+                elif a in ptrs:
+                    sig[a] = "*" + ptrs[a]
+                else:
+                    sig[a] = "fp32" if a.endswith("scale") else "i32"
+            src = ASTSource(fn=fn, signature=sig,
+                            constexprs={(fn.arg_names.index(a),): v for a, v in consts.items()})
+            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": cfg.num_warps,
+                                         "num_stages": cfg.num_stages})
+            assert ck.metadata.shared <= 227 * 1024, (name, ck.metadata.shared)
+            assert "wgmma" in ck.asm["ptx"], name
+            print(name, cfg, ck.metadata.shared)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("\n") == 3
+
+
+def test_reference_mask_convention_matches_kernel_plan():
+    K = kernels()
+    assert K.make_plan(1.0, MaskSpec.parse("causal").window).kind == "causal"
+    assert K.make_plan(1.0, MaskSpec.parse("none").window).kind == "none"
+    plan = K.make_plan(1.0, MaskSpec.parse("window(7,inf)").window)
+    assert (plan.has_left, plan.has_right, plan.left, plan.kind) == (True, False, 7, "window")
+    assert math.isclose(K.LOG2E, 1 / math.log(2))
+
+
+# ---- the GPU scripts, as far as a CPU can check them ----------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)],
+                          cwd=ROOT, env={**os.environ, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: no CUDA GPU on this machine ("), \
+        proc.stdout + proc.stderr
+    assert not out.exists()  # nothing was run, nothing written
+
+
+def test_gpu_summary_reads_goals_from_records():
+    import importlib.util
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("gpu_summary",
+                                                  ROOT / "scripts" / "gpu_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = []
+    for backend, fwd_tflops in (("triton_flash", 420.0), ("sdpa_flash", 330.0)):
+        for mask, ms in (("causal", 10.0), ("none", 20.0), ("window(4095,0)", 4.0)):
+            rows.append(dict(backend=backend, status="ok", key="k", dtype="bfloat16",
+                             head_dim=128, seq_q=16384, mask=mask, mode="fwd",
+                             tflops=fwd_tflops, frac_matmul=fwd_tflops / 790,
+                             time_ms_median=ms if backend == "triton_flash" else 2 * ms))
+    rows.append(dict(backend="triton_flash", status="wrong", key="k2", dtype="bfloat16",
+                     head_dim=64, seq_q=512, mask="none", mode="bwd", reason="dq NaN"))
+    text = "\n".join(mod.summarise(pd.DataFrame(rows)))
+    assert "fwd none: >= 1.2x sdpa_flash at every N >= 4096: met (ratios 1.27)" in text
+    assert "triton_flash wrong: k2: dq NaN" in text
+    assert "window(4095,0) vs causal, N=16384, bfloat16 fwd: 2.50x faster (goal >= 1.8x: met" \
+        in text
+    assert "bwd none: >= 1.0x sdpa_flash: no data" in text
