@@ -16,6 +16,9 @@ over query chunks whose (B, H, rows, keys, d_a) slice stays within
 the chunk in the backward and turns it in place into its gradient, so the backward
 holds one such slice too. Causal and window masks (bottom-right aligned) also narrow
 each chunk to the key range its rows can see. Rows that see no key produce zeros.
+The slice is evaluated as ``tanh(x) = 2 sigmoid(2x) - 1`` (the same function; PyTorch's
+CPU sigmoid is several times faster than its tanh), in the input dtype; scores,
+softmax and the products with V are in fp32 for fp16/bf16 inputs.
 """
 
 from __future__ import annotations
@@ -281,7 +284,7 @@ class Additive(Backend):
         return prepared
 
     def impl_reference(self, case, inputs):
-        params = additive_parameters(case)  # float64, the same draw as build's
+        params = additive_parameters(case, inputs.q.device)  # float64, the draw build uses
         rows = chunk_rows(case.batch, case.heads_q, case.seq_k, width=case.additive_hidden + 2)
         grad_out = inputs.grad_out if case.needs_grad else None
         return chunked_reference(additive_rows(case, params), inputs.q, inputs.k, inputs.v,
