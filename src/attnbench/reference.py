@@ -16,7 +16,10 @@ import torch
 from .masks import MaskSpec, allowed_rows
 
 # Bytes of float64 temporaries one chunk may hold (scores, probabilities, their grads).
+# On a GPU a larger chunk keeps the many small launches of a long reference off the
+# critical path; memory is still O(chunk x seq_k), never O(seq_q x seq_k).
 CHUNK_BUDGET_BYTES = 64 * 2**20
+CUDA_CHUNK_BUDGET_BYTES = 1024 * 2**20
 
 
 @dataclass
@@ -48,7 +51,8 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
     """Evaluate ``row_fn`` in float64 chunk by chunk; gradients too when ``grad_out`` is given."""
     B, Hq, Nq, _ = q.shape
     Nk = k.shape[2]
-    rows = rows_per_chunk or chunk_rows(B, Hq, Nk)
+    budget = CUDA_CHUNK_BUDGET_BYTES if q.device.type == "cuda" else CHUNK_BUDGET_BYTES
+    rows = rows_per_chunk or chunk_rows(B, Hq, Nk, budget=budget)
     q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
     want_grad = grad_out is not None
     if want_grad:
