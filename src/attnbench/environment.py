@@ -67,6 +67,7 @@ def collect(device: str) -> dict:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "git_commit": commit,
         "git_dirty": dirty,
         "cuda": torch.version.cuda,

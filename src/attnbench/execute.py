@@ -106,7 +106,7 @@ def _measure(case: Case, backend: Backend, budget: TimingBudget, cache: CaseCach
     wrong = accuracy.verdict(outputs, impl_cols, case.dtype)
     del outputs
 
-    timing = measure(prepared.fn, case.device, budget)
+    timing = measure(prepared.fn, case.device, budget, warm=True)
     peak = peak_memory_bytes(prepared.fn, case.device)
     sec = timing.median_ms * 1e-3
     rec = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,6 @@ from tqdm import tqdm
 
 from . import environment, records
 from .case import Case
-from .ceilings import measure_ceilings
 from .errors import BadInput
 from .suite import Suite
 from .worker import InProcessExecutor, IsolatedExecutor
@@ -90,10 +90,14 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
 
     if threads:
         torch.set_num_threads(threads)
+    if options.isolate:
+        # The worker imports torch afresh, so its OpenMP pool honours this. Spinning idle
+        # threads (the default) stall short CPU calls by whole scheduler quanta on shared
+        # or virtualized cores: 0.3 ms calls measured 8-32 ms on the 2-vCPU CI machine.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env = environment.collect(device)
     env["threads"] = threads if device == "cpu" else env["threads"]
     meta = records.read_meta(run_dir) if options.resume else {}
-    dtypes = sorted({c.dtype for c, _ in jobs})
     meta.update({
         "run_id": run_id,
         "suite": suite.name,
@@ -107,31 +111,16 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
         "started": meta.get("started") or dt.datetime.now().astimezone().isoformat(),
         "ended": None,
     })
-    if options.measure_ceilings and ("ceilings" not in meta):
-        meta["ceilings"] = measure_ceilings(dtypes, device)
-    records.write_meta(run_dir, meta)
-    ceilings = meta.get("ceilings") or {}
-    env_cols = environment.record_fields(env)
-
     executor = (IsolatedExecutor if options.isolate else InProcessExecutor)(threads)
-    oom = OomTracker()
     todo = [(c, b) for c, b in jobs if (c.key, b) not in done]
     bar = tqdm(todo, desc=f"attnbench {suite.name}", unit="job", disable=not options.progress,
                dynamic_ncols=True)
     try:
-        with records.RecordWriter(run_dir) as writer:
-            for case, backend in bar:
-                bar.set_postfix_str(f"{backend} {case.mask} {case.mode} N={case.seq_q}",
-                                    refresh=False)
-                reason = oom.skip_reason(case, backend)
-                if reason:
-                    rec = {"key": case.key, "backend": backend, **case.to_dict(),
-                           "status": "skipped", "reason": reason}
-                else:
-                    rec = executor.run(case, backend, suite.timing, suite.timeout_s)
-                if rec["status"] == "oom":
-                    oom.note(case, backend)
-                writer.write(finish_record(rec, run_id, suite.name, env_cols, ceilings))
+        if options.measure_ceilings and "ceilings" not in meta:
+            dtypes = sorted({c.dtype for c, _ in jobs})
+            meta["ceilings"] = executor.ceilings(dtypes, device)  # in the measuring process
+        records.write_meta(run_dir, meta)
+        run_jobs(bar, executor, suite, run_dir, run_id, env, meta.get("ceilings") or {})
     finally:
         executor.close()
         bar.close()
@@ -140,6 +129,27 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
         if records.read_records(run_dir):
             records.write_csv(run_dir)
     return run_dir
+
+
+def run_jobs(jobs, executor, suite: Suite, run_dir: Path, run_id: str, env: dict,
+             ceilings: dict) -> None:
+    """The job loop: skip what an OOM speaks for, run the rest, append each record."""
+    env_cols = environment.record_fields(env)
+    oom = OomTracker()
+    with records.RecordWriter(run_dir) as writer:
+        for case, backend in jobs:
+            if hasattr(jobs, "set_postfix_str"):
+                jobs.set_postfix_str(f"{backend} {case.mask} {case.mode} N={case.seq_q}",
+                                     refresh=False)
+            reason = oom.skip_reason(case, backend)
+            if reason:
+                rec = {"key": case.key, "backend": backend, **case.to_dict(),
+                       "status": "skipped", "reason": reason}
+            else:
+                rec = executor.run(case, backend, suite.timing, suite.timeout_s)
+            if rec["status"] == "oom":
+                oom.note(case, backend)
+            writer.write(finish_record(rec, run_id, suite.name, env_cols, ceilings))
 
 
 def finish_record(rec: dict, run_id: str, suite: str, env_cols: dict, ceilings: dict) -> dict:

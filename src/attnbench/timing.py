@@ -7,6 +7,7 @@ CPU: ``time.perf_counter`` around each call; the thread count is recorded in the
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -58,8 +59,12 @@ def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
 
 
 def measure(fn: Callable[[], object], device: torch.device | str,
-            budget: TimingBudget = TimingBudget()) -> Timing:
+            budget: TimingBudget = TimingBudget(), warm: bool = False) -> Timing:
+    """Samples of ``fn`` by time budget. ``warm``: fn has just run once (e.g. the checked
+    call), so the warm-up may stop at its time budget without a further forced call."""
     dev = torch.device(device)
+    if warm:
+        budget = dataclasses.replace(budget, min_warmup=0)
     if dev.type == "cuda":
         return _measure_cuda(fn, dev, budget)
     return _measure_cpu(fn, budget)

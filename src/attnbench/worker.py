@@ -13,6 +13,7 @@ import signal
 import torch
 
 from .case import Case
+from .ceilings import measure_ceilings
 from .execute import CaseCache, execute
 from .memory import configure_allocator
 from .timing import TimingBudget
@@ -34,6 +35,9 @@ def _worker_main(conn, threads: int | None) -> None:
             return
         if job is None:
             return
+        if job[0] == "ceilings":
+            conn.send(measure_ceilings(*job[1:]))
+            continue
         case, backend, budget = job
         conn.send(execute(case, backend, budget, cache))
 
@@ -47,6 +51,9 @@ class InProcessExecutor:
 
     def run(self, case: Case, backend: str, budget: TimingBudget, timeout_s: float) -> dict:
         return execute(case, backend, budget, self.cache)
+
+    def ceilings(self, dtypes: list[str], device: str) -> dict:
+        return measure_ceilings(dtypes, device)
 
     def close(self) -> None:
         pass
@@ -75,6 +82,13 @@ class IsolatedExecutor:
         self.proc.join(timeout=10)
         self.conn.close()
         self.proc = self.conn = None
+
+    def ceilings(self, dtypes: list[str], device: str) -> dict:
+        """The device ceilings, measured in the worker: the process that measures records."""
+        if self.proc is None or not self.proc.is_alive():
+            self._start()
+        self.conn.send(("ceilings", dtypes, device))
+        return self.conn.recv()
 
     def run(self, case: Case, backend: str, budget: TimingBudget, timeout_s: float) -> dict:
         if self.proc is None or not self.proc.is_alive():
