@@ -4,7 +4,7 @@ The layout is a boolean (n_q_blocks, n_k_blocks) grid of ``b x b`` tiles (``loca
 ``bigbird`` or ``explicit``; see ``attnbench.block_layouts``). For each query block the
 key blocks it may see are listed; query blocks are grouped into *buckets* by how many key
 blocks they see, and inside a bucket every row's list is padded to the bucket's maximum
-with a dummy (all-zero, masked) key block. A bucket then runs as dense batched work:
+with a dummy (masked) key block. A bucket then runs as dense batched work:
 
     K_g = K_blocks[idx]                  (rows, kmax*b, D)   gathered copy, no dense N x N
     S   = scale * Q_rows @ K_g^T + bias  (rows, G*b, kmax*b)
@@ -32,8 +32,7 @@ import torch.nn.functional as F
 
 from attnbench import block_layouts
 from attnbench.backend import APPROXIMATE, Backend, Capabilities
-from attnbench.masks import MaskSpec
-from attnbench.reference import softmax_reference
+from attnbench.reference import RefResult, chunked_reference
 
 
 def case_layout(case) -> torch.Tensor:
@@ -49,7 +48,7 @@ def case_layout(case) -> torch.Tensor:
 @dataclass
 class Bucket:
     rows: torch.Tensor  # (nr,) query-block indices, int64
-    idx: torch.Tensor  # (nr, kmax) key-block indices; n_k_blocks is the dummy block
+    idx: torch.Tensor  # (nr, kmax) key-block indices; dummy slots (masked) hold block 0
     bias: torch.Tensor  # (nr, 1, kmax*b): 0 for real keys, a huge negative for padding
     n_full: int  # rows [0, n_full) hide nothing: their chunks skip the bias
 
@@ -78,10 +77,6 @@ class BlockPlan:
         """Tiles computed per (batch, kv head, group member), padding included."""
         return sum(b.idx.numel() for b in self.buckets)
 
-    def workspace_elements(self, batch: int, heads_q: int) -> int:
-        """Elements of all score tiles together (as if computed in one piece)."""
-        return batch * heads_q * self.computed_blocks() * self.block * self.block
-
 
 def _group_counts(counts: list[int], slack: float) -> list[list[int]]:
     """Group distinct per-row counts into buckets; padding every row of a bucket to its max
@@ -109,19 +104,22 @@ def block_plan(layout: torch.Tensor, seq_q: int, seq_k: int, block: int, dtype: 
     nqb, nkb = layout.shape
     counts = layout.sum(dim=1).tolist()
     neg = torch.finfo(dtype).min / 2  # finite: s + neg never overflows to -inf
-    key_ok = torch.arange((nkb + 1) * block) < seq_k  # (nkb+1)*b; dummy block is masked
+    key_ok = torch.arange(nkb * block) < seq_k  # (nkb*b,) keys past seq_k are masked
     buckets, order = [], []
     for group in _group_counts([c for c in counts if c > 0], slack):
         kmax = group[0]
         # Longest rows first: the rows needing dummy padding come last, so chunks of full
         # rows can skip the bias.
         rows = sorted((r for r in range(nqb) if counts[r] in group), key=lambda r: -counts[r])
-        idx = torch.full((len(rows), kmax), nkb, dtype=torch.int64)
+        # Dummy slots point at key block 0 (any real block would do): the bias hides them.
+        idx = torch.zeros((len(rows), kmax), dtype=torch.int64)
         for i, r in enumerate(rows):
             cols = layout[r].nonzero().flatten()
             idx[i, :len(cols)] = cols
+        real = torch.arange(kmax)[None, :] < torch.tensor([counts[r] for r in rows])[:, None]
         cols = (idx[:, :, None] * block + torch.arange(block)).reshape(len(rows), kmax * block)
-        hidden = ~key_ok[cols][:, None, :]  # (nr, 1, kmax*b)
+        visible = key_ok[cols] & real.repeat_interleave(block, dim=1)  # (nr, kmax*b)
+        hidden = ~visible[:, None, :]  # (nr, 1, kmax*b)
         padded = hidden.flatten(1).any(dim=1)  # (nr,) rows with something to hide
         n_full = int(padded.to(torch.int64).argmax()) if bool(padded.any()) else len(rows)
         if not bool(padded[n_full:].all()):
@@ -142,6 +140,11 @@ def block_plan(layout: torch.Tensor, seq_q: int, seq_k: int, block: int, dtype: 
                      len(empty))
 
 
+def _per(chunk_elements: int, group: int, block: int, kmax: int) -> int:
+    """Query blocks per chunk so that a chunk's scores hold about ``chunk_elements``."""
+    return max(1, chunk_elements // (group * block * kmax * block))
+
+
 def _chunks(n: int, per: int, split: int) -> list[tuple[int, int]]:
     """[r0, r1) ranges of at most ``per`` rows covering [0, n), none straddling ``split``."""
     return ([(r, min(split, r + per)) for r in range(0, split, per)]
@@ -149,7 +152,7 @@ def _chunks(n: int, per: int, split: int) -> list[tuple[int, int]]:
 
 
 def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
-                           chunk_elements: int = 1 << 19) -> torch.Tensor:
+                           chunk_elements: int = 1 << 18) -> torch.Tensor:
     """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv) -> (B, Hq, Nq, Dv).
 
     Per K/V head and bucket, rows are processed in chunks whose scores hold about
@@ -159,39 +162,55 @@ def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
     Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[-1]
     G, b = Hq // Hkv, plan.block
     nqb, nkb = plan.n_q_blocks, plan.n_k_blocks
-    qs = q * scale  # (B, Hq, Nq, D)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    qs = q
     if nqb * b != Nq:
         qs = F.pad(qs, (0, 0, 0, nqb * b - Nq))  # (B, Hq, nqb*b, D)
     qs = qs.view(B * Hkv, G, nqb, b, D)  # (B*Hkv, G, nqb, b, D)
-    # K/V as blocks, plus one all-zero dummy block at index nkb for padded rows of a bucket.
-    kb = F.pad(k, (0, 0, 0, (nkb + 1) * b - Nk)).view(B * Hkv, nkb + 1, b * D)
-    vb = F.pad(v, (0, 0, 0, (nkb + 1) * b - Nk)).view(B * Hkv, nkb + 1, b * Dv)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    # K/V as blocks (a view unless the last block is partial and needs zero padding).
+    kb = (F.pad(k, (0, 0, 0, nkb * b - Nk)) if nkb * b != Nk else k).reshape(B * Hkv, nkb, b * D)
+    vb = (F.pad(v, (0, 0, 0, nkb * b - Nk)) if nkb * b != Nk else v).reshape(B * Hkv, nkb,
+                                                                            b * Dv)
     # Without autograd every chunk's result goes straight into its slot of the output,
     # laid out in bucket order (each bucket's rows are contiguous there).
     o = None if grad else q.new_empty(B * Hkv, nqb, G * b, Dv)  # (B*Hkv, nqb, G*b, Dv)
+    if not grad:  # chunk-sized work buffers shared by every chunk: no allocation per chunk
+        most = max((min(len(bk.rows), _per(chunk_elements, G, b, bk.kmax)) * bk.kmax
+                    for bk in plan.buckets), default=0)  # key blocks in the largest chunk
+        k_buf, v_buf = q.new_empty(most * b * D), q.new_empty(most * b * Dv)
+        s_buf, p_buf = q.new_empty(most * G * b * b), q.new_empty(most * G * b * b)
     outs = []
     for h in range(B * Hkv):
         pos = 0
         for bucket in plan.buckets:
             nr, kmax = bucket.idx.shape
-            per = max(1, chunk_elements // (G * b * kmax * b))  # rows per chunk
-            for r0, r1 in _chunks(nr, per, bucket.n_full):
+            for r0, r1 in _chunks(nr, _per(chunk_elements, G, b, kmax), bucket.n_full):
                 n = r1 - r0
                 qc = qs[h].index_select(1, bucket.rows[r0:r1])  # (G, n, b, D)
                 qc = qc[0] if G == 1 else qc.transpose(0, 1).reshape(n, G * b, D)
                 idx = bucket.flat_idx[r0 * kmax:r1 * kmax]  # (n*kmax,)
-                kc = kb[h].index_select(0, idx).view(n, kmax * b, D)  # gathered key blocks
-                vc = vb[h].index_select(0, idx).view(n, kmax * b, Dv)  # gathered value blocks
-                if r1 <= bucket.n_full:
-                    s = torch.bmm(qc, kc.transpose(1, 2))  # (n, G*b, kmax*b)
-                else:  # some keys are padding: bias (n, 1, kmax*b) hides them
-                    s = torch.baddbmm(bucket.bias[r0:r1], qc, kc.transpose(1, 2))
-                p = torch.softmax(s, dim=-1)  # (n, G*b, kmax*b)
+                bias = None if r1 <= bucket.n_full else bucket.bias[r0:r1]  # (n, 1, kmax*b)
                 if o is None:
-                    outs.append(torch.bmm(p, vc))  # (n, G*b, Dv)
+                    kc = kb[h].index_select(0, idx).view(n, kmax * b, D)  # gathered keys
+                    vc = vb[h].index_select(0, idx).view(n, kmax * b, Dv)  # gathered values
+                    if bias is None:
+                        s = torch.bmm(qc, kc.transpose(1, 2)).mul_(scale)  # (n, G*b, kmax*b)
+                    else:  # some keys are padding: the bias hides them
+                        s = torch.baddbmm(bias, qc, kc.transpose(1, 2), alpha=scale)
+                    outs.append(torch.bmm(torch.softmax(s, dim=-1), vc))  # (n, G*b, Dv)
+                    continue
+                m = n * kmax
+                kc = torch.index_select(kb[h], 0, idx, out=k_buf[:m * b * D].view(m, b * D))
+                vc = torch.index_select(vb[h], 0, idx, out=v_buf[:m * b * Dv].view(m, b * Dv))
+                kc, vc = kc.view(n, kmax * b, D), vc.view(n, kmax * b, Dv)
+                s = s_buf[:m * G * b * b].view(n, G * b, kmax * b)
+                p = p_buf[:m * G * b * b].view(n, G * b, kmax * b)
+                if bias is None:  # beta=0: s is only the destination
+                    torch.baddbmm(s, qc, kc.transpose(1, 2), beta=0, alpha=scale, out=s)
                 else:
-                    torch.bmm(p, vc, out=o[h, pos + r0:pos + r1])
+                    torch.baddbmm(bias, qc, kc.transpose(1, 2), alpha=scale, out=s)
+                torch.softmax(s, dim=-1, out=p)
+                torch.bmm(p, vc, out=o[h, pos + r0:pos + r1])
             pos += nr
         if plan.n_empty:  # query blocks that see no key output 0
             if o is None:
@@ -205,6 +224,34 @@ def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
         o = o.index_select(1, plan.inverse)  # back to query-block order
     o = o.view(B, Hkv, nqb, G, b, Dv).transpose(2, 3).reshape(B, Hq, nqb * b, Dv)
     return o[:, :, :Nq]  # (B, Hq, Nq, Dv)
+
+
+def block_mask_reference(q, k, v, layout: torch.Tensor, block: int, scale: float,
+                         grad_out: torch.Tensor | None = None) -> RefResult:
+    """Float64 softmax attention under a block mask, one query block at a time.
+
+    Equal to ``softmax_reference`` with the ``block_sparse`` mask (the tests check it), but
+    each query block only evaluates the keys its layout row lets through, with plain
+    indexing (no padding, buckets or biases), so a sparse layout at N = 16K costs seconds,
+    not the dense N x N evaluation.
+    """
+    layout = layout.to("cpu", torch.bool)
+    seq_k = k.shape[2]
+
+    def rows(qc, k64, v64, r0, r1):  # qc (B, Hq, R, D), rows [r0, r1) in one query block
+        B, Hq, R, D = qc.shape
+        Hkv = k64.shape[1]
+        kblocks = layout[r0 // block].nonzero().flatten()  # visible key blocks
+        cols = (kblocks[:, None] * block + torch.arange(block)).flatten()
+        cols = cols[cols < seq_k].to(k64.device)  # (C,) visible keys
+        if cols.numel() == 0:  # sees nothing: output 0 (kept in the graph for autograd.grad)
+            return qc.new_zeros(B, Hq, R, v64.shape[-1]) + 0 * qc.sum()
+        kc, vc = k64[:, :, cols], v64[:, :, cols]  # (B, Hkv, C, D|Dv)
+        qg = qc.reshape(B, Hkv, Hq // Hkv, R, D)  # (B, Hkv, G, R, D)
+        p = torch.softmax(qg @ kc.unsqueeze(2).transpose(-1, -2) * scale, dim=-1)
+        return (p @ vc.unsqueeze(2)).reshape(B, Hq, R, v64.shape[-1])  # (B, Hq, R, Dv)
+
+    return chunked_reference(rows, q, k, v, grad_out, rows_per_chunk=block)
 
 
 class BlockSparse(Backend):
@@ -237,12 +284,9 @@ class BlockSparse(Backend):
 
     def impl_reference(self, case, inputs):
         """Float64 softmax attention under the block mask this backend applies."""
-        spec = MaskSpec("block_sparse", layout=case.block_layout_name)
-        if case.mask_spec.kind == "block_sparse":
-            spec = case.mask_spec
-        return softmax_reference(inputs.q, inputs.k, inputs.v, spec, case.softmax_scale,
-                                 grad_out=inputs.grad_out if case.needs_grad else None,
-                                 layout=case_layout(case), block_size=case.block_size)
+        return block_mask_reference(inputs.q, inputs.k, inputs.v, case_layout(case),
+                                    case.block_size, case.softmax_scale,
+                                    inputs.grad_out if case.needs_grad else None)
 
 
 BACKENDS = [BlockSparse()]

@@ -3,18 +3,20 @@
 Query rows are cut into blocks of ``Bq``. Under a bottom-right aligned window (left L,
 right R; ``off = seq_k - seq_q``) query ``i`` sees keys ``[i + off - L, i + off + R]``, so
 block ``b`` (rows ``b*Bq .. b*Bq + Bq - 1``) sees the contiguous key span that starts at
-``b*Bq + off - L`` and is ``W = Bq + L + R`` keys long. K and V are padded once, and
-``Tensor.unfold`` turns them into overlapping views of shape (B, Hkv, n_blocks, W, D)
-without copying. One batched matmul gives (B, Hkv, n_blocks, G*Bq, W) scores, a
-precomputed additive bias removes what the window (or the sequence ends) hides, then
-softmax and a second batched matmul. In a window-relative column ``c`` the band test
-``a <= c <= a + L + R`` (``a`` the row inside its block) is the same for every block;
-only the blocks at the sequence ends also hide padded keys.
+``b*Bq + off - L`` and is ``W = Bq + L + R`` keys long. ``Tensor.unfold`` turns K and V
+into overlapping per-head views of shape (n_blocks, W, D) without copying (only the few
+spans that reach past a sequence end are copied, zero-padded). A batched matmul gives
+(n_blocks, G*Bq, W) scores, an additive bias removes what the window (or a sequence end)
+hides, then softmax and a second batched matmul. In a span-relative column ``c`` the band
+test ``a <= c <= a + L + R`` (``a`` the row inside its block) is the same for every block,
+so all interior blocks share one small bias; only the blocks at the ends have their own.
 
-Work is ``Nq * (Bq + L + R) * (D + Dv)`` multiply-adds, and the largest temporaries are
-the (n_blocks, G*Bq, W) scores and probabilities: both linear in N for a fixed window.
-GQA is done by folding the ``G`` query heads that share a K/V head into the row dimension
-of a block, so K/V are never repeated. Rows that see no key output 0.
+The work goes in cache-sized chunks of blocks, one K/V head at a time; without autograd two
+chunk-sized buffers serve every chunk. Work is ``Nq * (Bq + L + R) * (D + Dv)``
+multiply-adds; memory is the output plus the chunk buffers in the forward, and O(N * W)
+saved probabilities under autograd: linear in N for a fixed window either way. GQA folds
+the ``G`` query heads that share a K/V head into the rows of a block, so K/V are never
+repeated. Rows that see no key output 0.
 
 Causal and ``none`` are unbounded windows; this backend refuses them (and windows with an
 infinite side) rather than silently running in O(N^2): use sdpa or naive for those.
@@ -55,17 +57,15 @@ class WindowPlan:
     block: int  # Bq
     n_blocks: int
     width: int  # W = Bq + L + R keys per block
-    pad_left: int  # zero keys prepended
-    pad_right: int  # zero keys appended
-    base: int  # padded index where block 0's key span starts
+    start0: int  # first key of block 0's span (may be < 0 or past the keys)
 
     @property
     def padded_q(self) -> int:
         return self.n_blocks * self.block
 
-    def workspace_elements(self, batch: int, heads_q: int) -> int:
-        """Elements of the largest temporary (the scores) for batch and heads_q."""
-        return batch * heads_q * self.padded_q * self.width
+    def span(self, b0: int, b1: int) -> tuple[int, int]:
+        """Key range [start, end) that blocks [b0, b1) together need (may leave [0, Nk))."""
+        return self.start0 + b0 * self.block, self.start0 + (b1 - 1) * self.block + self.width
 
 
 def window_plan(seq_q: int, seq_k: int, left: float, right: float,
@@ -79,54 +79,95 @@ def window_plan(seq_q: int, seq_k: int, left: float, right: float,
     right = min(int(right), max(seq_q - 1, 0))
     bq = block or _query_block(left, right)
     n_blocks = max(1, math.ceil(seq_q / bq))
-    width = bq + left + right
-    off = seq_k - seq_q
-    start0 = off - left  # first key of block 0's span (unpadded index)
-    pad_left = max(0, -start0)
-    base = start0 + pad_left
-    need = base + (n_blocks - 1) * bq + width  # padded length the last span needs
-    pad_right = max(0, need - pad_left - seq_k)
-    return WindowPlan(seq_q, seq_k, left, right, bq, n_blocks, width, pad_left, pad_right, base)
+    return WindowPlan(seq_q, seq_k, left, right, bq, n_blocks, bq + left + right,
+                      seq_k - seq_q - left)
 
 
-def window_bias(plan: WindowPlan, dtype: torch.dtype, device, group: int = 1
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Additive bias (n_blocks, group*Bq, W): 0 where a query may see a key, a huge negative
-    where not (repeated for the ``group`` query heads folded into a block's rows).
+def key_windows(x: torch.Tensor, plan: WindowPlan, b0: int, b1: int) -> torch.Tensor:
+    """(BH, Nk, E) keys or values -> (BH, b1 - b0, E, W): the span of each block in [b0, b1).
 
-    Also returns a (n_blocks * Bq, 1) boolean of rows that see at least one key, or None
-    when every real row does. Rows that see nothing get a zero bias row (so their softmax
-    stays finite) and are zeroed afterwards.
+    Where the spans lie inside the sequence this is an overlapping ``unfold`` view of ``x``
+    (no copy); only the ranges that reach past an end are copied, with zero padding.
+    """
+    start, end = plan.span(b0, b1)
+    a = min(max(start, 0), plan.seq_k)
+    b = max(min(end, plan.seq_k), a)
+    src = x[:, a:b]  # (BH, b - a, E)
+    if a - start or end - b:
+        src = F.pad(src, (0, 0, a - start, end - b))  # (BH, end - start, E)
+    return src.unfold(1, plan.width, plan.block)  # (BH, b1 - b0, E, W)
+
+
+@dataclass
+class WindowBias:
+    """Additive biases: 0 where a query may see a key, a huge negative where not.
+
+    Interior blocks ``[lo, hi)`` all share one (G*Bq, W) band pattern, small enough to stay
+    in cache; only the few blocks at the ends (keys off the sequence, rows past seq_q, rows
+    that see nothing) carry their own bias.
+    """
+
+    band: torch.Tensor  # (1, G*Bq, W) bias of every interior block
+    head: torch.Tensor  # (lo, G*Bq, W) bias of blocks [0, lo)
+    tail: torch.Tensor  # (nb - hi, G*Bq, W) bias of blocks [hi, nb)
+    lo: int
+    hi: int
+    keep: torch.Tensor | None  # (nb*Bq, 1) rows that see a key; None when all real rows do
+
+    def regions(self, nb: int) -> list[tuple[int, int]]:
+        return [(a, b) for a, b in ((0, self.lo), (self.lo, self.hi), (self.hi, nb)) if b > a]
+
+    def of(self, b0: int, b1: int) -> torch.Tensor:
+        """Bias of blocks [b0, b1), a range inside one region: (n or 1, G*Bq, W)."""
+        if b1 <= self.lo:
+            return self.head[b0:b1]
+        if b0 >= self.hi:
+            return self.tail[b0 - self.hi:b1 - self.hi]
+        return self.band.expand(b1 - b0, -1, -1)
+
+
+def window_bias(plan: WindowPlan, dtype: torch.dtype, device, group: int = 1) -> WindowBias:
+    """The biases of a plan, rows repeated for the ``group`` query heads folded into a block.
+
+    Rows that see nothing get a zero bias row (so their softmax stays finite) and are zeroed
+    afterwards through ``keep``.
     """
     bq, w, nb = plan.block, plan.width, plan.n_blocks
-    a = torch.arange(bq, device=device)[:, None]  # (Bq, 1) row inside the block
-    c = torch.arange(w, device=device)[None, :]  # (1, W) column inside the span
+    a = torch.arange(bq)[:, None]  # (Bq, 1) row inside the block
+    c = torch.arange(w)[None, :]  # (1, W) column inside the span
     band = (c >= a) & (c <= a + plan.left + plan.right)  # (Bq, W)
-    start = (torch.arange(nb, device=device) * bq + plan.base - plan.pad_left)  # (nb,)
-    key = start[:, None] + torch.arange(w, device=device)[None, :]  # (nb, W) key index
+    start = torch.arange(nb) * bq + plan.start0  # (nb,) first key of each block's span
+    key = start[:, None] + torch.arange(w)[None, :]  # (nb, W) key index
     in_seq = (key >= 0) & (key < plan.seq_k)  # (nb, W)
     ok = band[None] & in_seq[:, None, :]  # (nb, Bq, W)
-    row = torch.arange(nb * bq, device=device).view(nb, bq)  # (nb, Bq) query index
+    row = torch.arange(nb * bq).view(nb, bq)  # (nb, Bq) query index
     seen = ok.any(dim=-1) & (row < plan.seq_q)  # (nb, Bq)
     ok = ok | ~seen[..., None]  # empty rows: keep every column, zeroed later
-    neg = torch.finfo(dtype).min / 2  # finite: s + neg never overflows to -inf
-    bias = torch.zeros(nb, bq, w, dtype=dtype, device=device)
-    bias.masked_fill_(~ok, neg)
     keep = seen.reshape(nb * bq, 1)  # (Nq_pad, 1)
-    real = row.reshape(-1) < plan.seq_q
-    keep = None if bool(keep[real].all()) else keep
-    bias = bias[:, None].expand(nb, group, bq, w).reshape(nb, group * bq, w)
-    return bias, keep  # (nb, G*Bq, W), (nb*Bq, 1) or None
+    keep = None if bool(keep[row.reshape(-1) < plan.seq_q].all()) else keep.to(device)
+    interior = (ok == band).flatten(1).all(dim=1).tolist()  # (nb,) plain band blocks
+    lo = interior.index(True) if True in interior else nb
+    hi = nb - interior[::-1].index(True) if True in interior else nb
+    if not all(interior[lo:hi]):  # not one contiguous run: give every block its own bias
+        lo = hi = nb
+    neg = torch.finfo(dtype).min / 2  # finite: s + neg never overflows to -inf
+
+    def as_bias(allowed):  # (n, Bq, W) bool -> (n, G*Bq, W) additive bias
+        bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, neg)
+        n = allowed.shape[0]
+        return bias[:, None].expand(n, group, bq, w).reshape(n, group * bq, w).to(device)
+
+    return WindowBias(as_bias(band[None]), as_bias(ok[:lo]), as_bias(ok[hi:]), lo, hi, keep)
 
 
-def sliding_window_attention(q, k, v, plan: WindowPlan, bias: torch.Tensor,
-                             keep: torch.Tensor | None, scale: float,
+def sliding_window_attention(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
                              chunk_elements: int = 1 << 18) -> torch.Tensor:
     """Blocked local attention. q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv).
 
     Work goes in chunks of query blocks of one K/V head, sized so that a chunk's scores hold
-    about ``chunk_elements`` elements and stay in cache. The K/V spans are ``unfold`` views of
-    the padded K/V: overlapping, never copied (``bmm`` reads strided batches directly).
+    about ``chunk_elements`` elements and stay in cache. The K/V spans are overlapping
+    ``unfold`` views of K/V (``bmm`` reads strided batches directly); only the few spans at
+    the sequence ends are copied with zero padding.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
@@ -136,32 +177,40 @@ def sliding_window_attention(q, k, v, plan: WindowPlan, bias: torch.Tensor,
     if plan.padded_q != Nq:
         qs = F.pad(qs, (0, 0, 0, plan.padded_q - Nq))  # (B, Hq, nb*Bq, D)
     qs = qs.view(B * Hkv, G, nb, bq, D)  # (B*Hkv, G, nb, Bq, D)
-    kp = F.pad(k, (0, 0, plan.pad_left, plan.pad_right)).flatten(0, 1)  # (B*Hkv, Np, D)
-    vp = F.pad(v, (0, 0, plan.pad_left, plan.pad_right)).flatten(0, 1)  # (B*Hkv, Np, Dv)
-    kw = kp[:, plan.base:].unfold(1, w, bq)  # (B*Hkv, >=nb, D, W) overlapping view
-    vw = vp[:, plan.base:].unfold(1, w, bq).transpose(-1, -2)  # (B*Hkv, >=nb, W, Dv) view
+    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (B*Hkv, Nk, D), (B*Hkv, Nk, Dv)
     per = max(1, chunk_elements // (G * bq * w))  # query blocks per chunk
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    # Without autograd each chunk's result goes straight into the output.
+    # Without autograd, two chunk-sized work buffers serve every chunk (no allocation, and
+    # no page faults, per chunk) and each chunk's result goes straight into the output.
     o = None if grad else q.new_empty(B * Hkv * nb, G * bq, Dv)  # (B*Hkv*nb, G*Bq, Dv)
-    outs = []
-    for h in range(B * Hkv):
-        for b0 in range(0, nb, per):
-            b1 = min(nb, b0 + per)
-            qc = qs[h, :, b0:b1]  # (G, n, Bq, D)
-            qc = qc[0] if G == 1 else qc.transpose(0, 1).reshape(b1 - b0, G * bq, D)
-            # scale * q k^T + bias in one call; bias (n, G*Bq, W) is 0 or a huge negative.
-            s = torch.baddbmm(bias[b0:b1], qc, kw[h, b0:b1], alpha=scale)  # (n, G*Bq, W)
-            p = torch.softmax(s, dim=-1)  # (n, G*Bq, W)
-            if o is None:
-                outs.append(torch.bmm(p, vw[h, b0:b1]))  # (n, G*Bq, Dv)
-            else:
-                torch.bmm(p, vw[h, b0:b1], out=o[h * nb + b0:h * nb + b1])
+    if not grad:
+        s_buf = q.new_empty(min(per, nb), G * bq, w)  # scores
+        p_buf = q.new_empty(min(per, nb), G * bq, w)  # probabilities
+    outs: list[list[torch.Tensor]] = [[] for _ in range(B * Hkv)]
+    for r0, r1 in bias.regions(nb):  # ends (own bias, padded spans), then the plain band
+        kw = key_windows(kf, plan, r0, r1)  # (B*Hkv, r1 - r0, D, W)
+        vw = key_windows(vf, plan, r0, r1).transpose(-1, -2)  # (B*Hkv, r1 - r0, W, Dv)
+        for h in range(B * Hkv):
+            for b0 in range(r0, r1, per):
+                b1 = min(r1, b0 + per)
+                n = b1 - b0
+                qc = qs[h, :, b0:b1]  # (G, n, Bq, D)
+                qc = qc[0] if G == 1 else qc.transpose(0, 1).reshape(n, G * bq, D)
+                kc, vc = kw[h, b0 - r0:b1 - r0], vw[h, b0 - r0:b1 - r0]  # (n,D,W), (n,W,Dv)
+                # scale * q k^T + bias in one call; the bias is 0 or a huge negative.
+                if o is None:
+                    s = torch.baddbmm(bias.of(b0, b1), qc, kc, alpha=scale)  # (n, G*Bq, W)
+                    outs[h].append(torch.bmm(torch.softmax(s, dim=-1), vc))  # (n, G*Bq, Dv)
+                else:
+                    s = torch.baddbmm(bias.of(b0, b1), qc, kc, alpha=scale, out=s_buf[:n])
+                    p = torch.softmax(s, dim=-1, out=p_buf[:n])
+                    torch.bmm(p, vc, out=o[h * nb + b0:h * nb + b1])
     if o is None:
-        o = torch.cat(outs) if len(outs) > 1 else outs[0]  # (B*Hkv*nb, G*Bq, Dv)
+        flat = [t for head in outs for t in head]  # head-major, blocks in order
+        o = torch.cat(flat) if len(flat) > 1 else flat[0]  # (B*Hkv*nb, G*Bq, Dv)
     o = o.view(B, Hkv, nb, G, bq, Dv).transpose(2, 3).reshape(B, Hq, nb * bq, Dv)
-    if keep is not None:
-        o = o * keep.to(o.dtype)  # rows that see no key output 0
+    if bias.keep is not None:
+        o = o * bias.keep.to(o.dtype)  # rows that see no key output 0
     return o[:, :, :Nq]  # (B, Hq, Nq, Dv)
 
 
@@ -187,11 +236,11 @@ class SlidingWindow(Backend):
 
     def build(self, case, inputs):
         plan = self.plan(case)
-        bias, keep = window_bias(plan, inputs.q.dtype, inputs.q.device, case.group_size)
+        bias = window_bias(plan, inputs.q.dtype, inputs.q.device, case.group_size)
         scale = case.softmax_scale
 
         def sliding_window(q, k, v):
-            return sliding_window_attention(q, k, v, plan, bias, keep, scale)
+            return sliding_window_attention(q, k, v, plan, bias, scale)
 
         return sliding_window
 

@@ -132,8 +132,9 @@ def test_chunking_does_not_change_the_result():
                 head_dim_v=16, mask="window(7,3)")
     inputs = case.make_inputs()
     plan = window_plan(83, 83, 7, 3)
-    bias, keep = window_bias(plan, torch.float32, "cpu", case.group_size)
-    args = (inputs.q, inputs.k, inputs.v, plan, bias, keep, case.softmax_scale)
+    bias = window_bias(plan, torch.float32, "cpu", case.group_size)
+    assert 0 < bias.lo < bias.hi < plan.n_blocks  # ends with their own bias, a band between
+    args = (inputs.q, inputs.k, inputs.v, plan, bias, case.softmax_scale)
     one_block = sliding_window_attention(*args, chunk_elements=1)  # a chunk per block
     whole = sliding_window_attention(*args, chunk_elements=1 << 30)  # one chunk per head
     assert torch.allclose(one_block, whole, atol=1e-6)
