@@ -51,6 +51,7 @@ class Bucket:
     idx: torch.Tensor  # (nr, kmax) key-block indices; dummy slots (masked) hold block 0
     bias: torch.Tensor  # (nr, 1, kmax*b): 0 for real keys, a huge negative for padding
     n_full: int  # rows [0, n_full) hide nothing: their chunks skip the bias
+    row_list: list[int]  # ``rows`` as Python ints (consecutive runs are sliced, not gathered)
 
     @property
     def kmax(self) -> int:
@@ -110,7 +111,8 @@ def block_plan(layout: torch.Tensor, seq_q: int, seq_k: int, block: int, dtype: 
         kmax = group[0]
         # Longest rows first: the rows needing dummy padding come last, so chunks of full
         # rows can skip the bias.
-        rows = sorted((r for r in range(nqb) if counts[r] in group), key=lambda r: -counts[r])
+        rows = sorted((r for r in range(nqb) if counts[r] in group),
+                      key=lambda r: (-counts[r], r))
         # Dummy slots point at key block 0 (any real block would do): the bias hides them.
         idx = torch.zeros((len(rows), kmax), dtype=torch.int64)
         for i, r in enumerate(rows):
@@ -127,7 +129,7 @@ def block_plan(layout: torch.Tensor, seq_q: int, seq_k: int, block: int, dtype: 
         bias = torch.zeros(len(rows), 1, kmax * block, dtype=dtype)
         bias = bias.masked_fill_(hidden, neg).to(device)
         buckets.append(Bucket(torch.tensor(rows, dtype=torch.int64, device=device),
-                              idx.to(device), bias, n_full))
+                              idx.to(device), bias, n_full, rows))
         order += rows
     empty = [r for r in range(nqb) if counts[r] == 0]
     order_t = torch.tensor(order + empty, dtype=torch.int64)
@@ -152,7 +154,7 @@ def _chunks(n: int, per: int, split: int) -> list[tuple[int, int]]:
 
 
 def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
-                           chunk_elements: int = 1 << 18) -> torch.Tensor:
+                           chunk_elements: int = 1 << 19) -> torch.Tensor:
     """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv) -> (B, Hq, Nq, Dv).
 
     Per K/V head and bucket, rows are processed in chunks whose scores hold about
@@ -186,7 +188,11 @@ def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
             nr, kmax = bucket.idx.shape
             for r0, r1 in _chunks(nr, _per(chunk_elements, G, b, kmax), bucket.n_full):
                 n = r1 - r0
-                qc = qs[h].index_select(1, bucket.rows[r0:r1])  # (G, n, b, D)
+                first = bucket.row_list[r0]
+                if bucket.row_list[r0:r1] == list(range(first, first + n)):
+                    qc = qs[h, :, first:first + n]  # (G, n, b, D) consecutive rows: a view
+                else:
+                    qc = qs[h].index_select(1, bucket.rows[r0:r1])  # (G, n, b, D)
                 qc = qc[0] if G == 1 else qc.transpose(0, 1).reshape(n, G * b, D)
                 idx = bucket.flat_idx[r0 * kmax:r1 * kmax]  # (n*kmax,)
                 bias = None if r1 <= bucket.n_full else bucket.bias[r0:r1]  # (n, 1, kmax*b)

@@ -161,7 +161,7 @@ def window_bias(plan: WindowPlan, dtype: torch.dtype, device, group: int = 1) ->
 
 
 def sliding_window_attention(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
-                             chunk_elements: int = 1 << 18) -> torch.Tensor:
+                             chunk_elements: int = 1 << 19) -> torch.Tensor:
     """Blocked local attention. q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv).
 
     Work goes in chunks of query blocks of one K/V head, sized so that a chunk's scores hold
