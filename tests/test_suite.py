@@ -149,6 +149,16 @@ expected = [1.8, 2.2]
     assert list(table["verdict"]) == ["holds", "holds"]
     assert table["measured"][0].startswith("4, 4, 4")
     assert table["measured"][1].startswith("2 ")
+    sided = {"text": "window vs causal", "kind": "ratio", "numerator": "sdpa",
+             "denominator": "naive", "numerator_where": {"mask": "causal"},
+             "denominator_where": {"mask": "window(3,0)"}}
+    shape = {"batch": 1, "heads_q": 1, "heads_kv": 1, "seq_q": 64, "seq_k": 64, "head_dim": 8,
+             "head_dim_v": 8, "dtype": "float32", "mode": "fwd", "status": "ok"}
+    two = pd.DataFrame([shape | {"key": "a", "backend": "sdpa", "mask": "causal",
+                                 "time_ms_median": 6.0},
+                        shape | {"key": "b", "backend": "naive", "mask": "window(3,0)",
+                                 "time_ms_median": 2.0}])
+    assert claims_table(two, [sided])["measured"][0].startswith("3 ")
     bad = GOOD + '[[claim]]\ntext = "x"\nkind = "guess"\n'
     with pytest.raises(BadInput, match=r"claim\[0\].kind = 'guess': allowed: ratio, value"):
         load_suite(str(write_suite(bad, "bad.toml")), KNOWN)

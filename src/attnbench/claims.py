@@ -3,7 +3,10 @@
 A suite may carry ``[[claim]]`` tables (data, like the rest of the suite):
 
 * ``kind = "ratio"``: ``metric`` of ``numerator`` over ``denominator`` on the cases
-  selected by ``where`` (one ratio per case, joined on the case key);
+  selected by ``where`` (one ratio per case, joined on the case key); with
+  ``numerator_where`` / ``denominator_where`` the sides select different cases (say a
+  window against causal) and are joined on the shape (batch, heads, lengths, dims, dtype,
+  mode);
 * ``kind = "value"``: ``metric`` of ``backend`` on the selected cases;
 * ``kind = "exponent"``: the slope of log(time) over log(N) of ``backend`` on the selected
   cases (seq_q = seq_k).
@@ -22,7 +25,10 @@ import pandas as pd
 from .errors import BadInput
 
 CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denominator",
-              "where", "expected", "scale", "unit")
+              "where", "numerator_where", "denominator_where", "expected", "scale", "unit")
+# A ratio whose two sides select different cases (e.g. a window against causal) joins on shape.
+SHAPE = ["batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v", "dtype",
+         "mode"]
 KINDS = ("ratio", "value", "exponent")
 
 
@@ -52,8 +58,9 @@ def validate_claims(raw, path) -> list[dict]:
         if exp is not None and not (isinstance(exp, list) and 1 <= len(exp) <= 2 and all(
                 isinstance(x, (int, float)) for x in exp)):
             raise BadInput(f"{path}: {where}.expected = {exp!r}: give [low, high] or [low]")
-        if not isinstance(c.get("where", {}), dict):
-            raise BadInput(f"{path}: {where}.where = {c['where']!r}: must be a table")
+        for k in ("where", "numerator_where", "denominator_where"):
+            if not isinstance(c.get(k, {}), dict):
+                raise BadInput(f"{path}: {where}.{k} = {c[k]!r}: must be a table")
         out.append(dict(c))
     return out
 
@@ -75,10 +82,12 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[float], str]:
     where = claim.get("where", {})
     kind = claim["kind"]
     if kind == "ratio":
-        a = _select(df, where, claim["numerator"]).set_index("key")[metric]
-        b = _select(df, where, claim["denominator"]).set_index("key")[metric]
-        both = a.index.intersection(b.index)
-        return [float(a[k] / b[k]) for k in both], f"{len(both)} case(s)"
+        sided = "numerator_where" in claim or "denominator_where" in claim
+        on = SHAPE if sided else ["key"]
+        a = _select(df, where | claim.get("numerator_where", {}), claim["numerator"])
+        b = _select(df, where | claim.get("denominator_where", {}), claim["denominator"])
+        j = a[on + [metric]].merge(b[on + [metric]], on=on, suffixes=("_a", "_b"))
+        return [float(x) for x in j[f"{metric}_a"] / j[f"{metric}_b"]], f"{len(j)} case(s)"
     d = _select(df, where, claim["backend"])
     if kind == "value":
         return [float(x) * float(claim.get("scale", 1.0)) for x in d[metric]], \
