@@ -88,6 +88,19 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
     return RefResult(out, dq, dk.detach(), dv.detach())
 
 
+def _visible_columns(mask: MaskSpec, r0: int, r1: int, seq_q: int, seq_k: int
+                     ) -> tuple[int, int]:
+    """Key range [lo, hi) that rows [r0, r1) can see: a band's reference costs O(N * window)."""
+    if not mask.is_banded:
+        return 0, seq_k
+    off = seq_k - seq_q
+    lo = 0 if mask.left == math.inf else max(0, r0 + off - int(mask.left))
+    hi = seq_k if mask.right == math.inf else min(seq_k, r1 - 1 + off + int(mask.right) + 1)
+    if lo >= hi:  # no row sees anything: keep one (masked) key so the shapes stay valid
+        lo, hi = min(lo, seq_k - 1), min(lo, seq_k - 1) + 1
+    return lo, hi
+
+
 def softmax_rows(mask: MaskSpec, scale: float, seq_q: int, seq_k: int,
                  layout: torch.Tensor | None = None, block_size: int = 64) -> RowFunction:
     """Row function of exact softmax attention with a mask; GQA by grouping query heads.
@@ -99,11 +112,13 @@ def softmax_rows(mask: MaskSpec, scale: float, seq_q: int, seq_k: int,
         B, Hq, R, D = qc.shape
         Hkv = k.shape[1]
         G = Hq // Hkv
+        lo, hi = _visible_columns(mask, r0, r1, seq_q, seq_k)
+        k, v = k[:, :, lo:hi], v[:, :, lo:hi]  # only keys some row of the chunk can see
         qg = qc.reshape(B, Hkv, G, R, D)  # (B, Hkv, G, R, D)
-        s = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # (B, Hkv, G, R, Nk)
+        s = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # (B, Hkv, G, R, Nk')
         allowed = allowed_rows(mask, r0, r1, seq_q, seq_k, qc.device, layout, block_size)
         if allowed is not None:
-            s = s.masked_fill(~allowed, -math.inf)
+            s = s.masked_fill(~allowed[:, lo:hi], -math.inf)
         m = s.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
         p = torch.exp(s - m)  # masked entries are exp(-inf) = 0
