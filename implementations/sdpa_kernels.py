@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from attnbench.implementations.sdpa import KERNEL_OPS, detect_kernel, sdpa_arguments
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.backend import ALL_DTYPES, ALL_MASKS, Backend, Capabilities, wrap_mode
 from attnbench.errors import NotSupported
+from attnbench.implementations.sdpa import KERNEL_OPS, detect_kernel, sdpa_arguments
 
 
 @dataclass(frozen=True)
