@@ -36,7 +36,9 @@ from attnbench.reference import RefResult, chunked_reference
 
 FEATURE_MAPS = ("elu", "favor")
 CHUNK = 64  # keys per chunk of the causal prefix sum
-BLOCK = 2048  # query rows per block: bounds the temporaries
+BLOCK = 2048  # causal: query rows per block, bounds the temporaries
+STREAM = 1 << 19  # non-causal elu without autograd: elements of phi per streamed block
+QBUDGET = 1 << 23  # non-causal: elements of phi(Q) per block of query rows
 _SEED_SALT = 0xFA7012  # random features come from another stream than the inputs
 
 
@@ -136,12 +138,84 @@ def _with_ones(v):
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
 
 
+def _global(qc, fk, vc, phi_q, G, block, inplace):
+    """Non-causal: ``S = phi(K)^T [V, 1]`` once, then ``phi(Q) S`` for blocks of query rows.
+
+    qc (B, Hq, Nq, D); fk (B, Hkv, Nk, F); vc (B, Hkv, Nk, Dv). Returns (B, Hq, Nq, Dv).
+    The normaliser rides in the last column of S, so each block is one matmul; with
+    ``inplace`` (no autograd) the numerator is divided where the matmul wrote it.
+    """
+    B, Hq, Nq, _ = qc.shape
+    Hkv, Fd, Dv = fk.shape[1], fk.shape[-1], vc.shape[-1]
+    s = torch.cat([torch.matmul(fk.transpose(-1, -2), vc),  # (B, Hkv, F, Dv)
+                   fk.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (B, Hkv, F, E = Dv + 1)
+    if block is None:  # rows per block: phi(Q) of a block stays under QBUDGET elements
+        block = max(1, QBUDGET // max(1, B * Hq * Fd))
+    out = qc.new_empty(B, Hq, Nq, Dv) if Nq > block or Nq == 0 else None
+    for r0 in range(0, Nq, block):
+        r1 = min(Nq, r0 + block)
+        fq = phi_q(qc[:, :, r0:r1]).reshape(B, Hkv, G * (r1 - r0), Fd)  # (B, Hkv, G*R, F)
+        y = torch.matmul(fq, s)  # (B, Hkv, G*R, E)
+        num, den = y[..., :Dv], y[..., Dv:]  # (B, Hkv, G*R, Dv), (B, Hkv, G*R, 1)
+        den = torch.where(den > 0, den, 1.0)  # rows that see no key: 0 / 1
+        o = (num.div_(den) if inplace else num / den).reshape(B, Hq, r1 - r0, Dv)
+        if out is None:
+            return o  # (B, Hq, Nq, Dv): one block, a view of y when in place
+        out[:, :, r0:r1] = o
+    return out  # (B, Hq, Nq, Dv)
+
+
+def _global_elu(qc, kc, vc, G, buf):
+    """Non-causal elu+1 without autograd, streamed through small reused buffers.
+
+    qc (B, Hq, Nq, D), kc (B, Hkv, Nk, D), vc (B, Hkv, Nk, Dv) -> (B, Hq, Nq, Dv). Keys, then
+    queries, go in blocks of rows whose phi (about ``buf`` elements) is written into one
+    buffer per side and consumed while it is in cache; the only large allocation is the
+    output. (Fresh large tensors cost page faults on every call when the allocator unmaps
+    them, as the runner's does, which made the one-shot form about 2x slower there.)
+    """
+    B, Hq, Nq, D = qc.shape
+    Hkv, Nk, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
+    BH, E = B * Hkv, Dv + 1
+    k3, v3 = kc.reshape(BH, Nk, D), vc.reshape(BH, Nk, Dv)  # views for contiguous inputs
+    q4 = qc.reshape(BH, G, Nq, D)
+    num = qc.new_zeros(BH, D, Dv)  # phi(K)^T V
+    rk = max(1, min(Nk, buf // max(1, BH * D)))
+    dens = qc.new_zeros(-(-Nk // rk), BH, D)  # phi(K)^T 1 of each block of keys
+    fbuf = qc.new_empty(BH, rk, D)  # phi of one block of keys
+    for i, r0 in enumerate(range(0, Nk, rk)):
+        r1 = min(Nk, r0 + rk)
+        f = fbuf if r1 - r0 == rk else fbuf[:, :r1 - r0]  # (BH, R, D)
+        torch._C._nn.elu(k3[:, r0:r1], out=f).add_(1.0)
+        num.baddbmm_(f.transpose(1, 2), v3[:, r0:r1])
+        torch.sum(f, dim=1, out=dens[i])
+    s = torch.cat([num, dens.sum(dim=0).unsqueeze(-1)], dim=-1)  # (BH, D, E): [num, den]
+    out = qc.new_empty(B, Hq, Nq, Dv)
+    o4 = out.view(BH, G, Nq, Dv)
+    rq = max(1, min(Nq, buf // max(1, BH * G * D)))
+    fbuf = qc.new_empty(BH, G, rq, D)  # phi of one block of queries
+    ybuf = qc.new_empty(BH, G * rq, E)  # [numerator, denominator] of the block
+    for r0 in range(0, Nq, rq):
+        r1 = min(Nq, r0 + rq)
+        n = r1 - r0
+        f, y = (fbuf, ybuf) if n == rq else (qc.new_empty(BH, G, n, D), qc.new_empty(BH, G * n, E))
+        torch._C._nn.elu(q4[:, :, r0:r1], out=f).add_(1.0)
+        torch.bmm(f.view(BH, G * n, D), s, out=y)
+        y4 = y.view(BH, G, n, E)
+        # phi > 0, so den == 0 only where num == 0 (no keys): 0 / tiny = 0, as 0 / 1
+        d = y4[..., Dv:].clamp_(min=torch.finfo(y.dtype).tiny)
+        torch.div(y4[..., :Dv], d, out=o4[:, :, r0:r1])
+    return out  # (B, Hq, Nq, Dv)
+
+
 def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
-                     block: int = BLOCK):
+                     block: int | None = None):
     """The backend's computation, in fp32 for fp16/bf16 inputs and float64 for float64.
 
     Queries go in blocks of ``block`` rows (the causal state carried from block to
     block), so temporaries stay O(block) and the one O(N) allocation per input is phi(K).
+    The default block is BLOCK rows for causal, and for non-causal as many rows as keep
+    phi(Q) of a block under QBUDGET elements (all of them for elu at N = 8192, H = 8).
     """
     B, Hq, Nq, _ = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -149,17 +223,16 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     phi_q, phi_k = feature_fn(case, None if proj is None else proj.to(cdt))
     qc, vc = q.to(cdt), v.to(cdt)
-    fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
-    outs = []
     if not causal:
-        s = torch.cat([torch.matmul(fk.transpose(-1, -2), vc),  # (B, Hkv, F, Dv)
-                       fk.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (B, Hkv, F, Dv + 1)
-        for r0 in range(0, Nq, block):
-            r1 = min(Nq, r0 + block)
-            fq = phi_q(qc[:, :, r0:r1]).reshape(B, Hkv, G * (r1 - r0), -1)  # (B, Hkv, G*R, F)
-            y = torch.matmul(fq, s)  # (B, Hkv, G*R, Dv + 1)
-            outs.append(_normalise(y).reshape(B, Hq, r1 - r0, -1))
-        return torch.cat(outs, dim=2).to(q.dtype)  # (B, Hq, Nq, Dv)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if case.feature_map == "elu" and not grad:
+            rows = block * B * Hq * q.shape[-1] if block else STREAM
+            return _global_elu(qc, k.to(cdt), vc, G, rows).to(q.dtype)
+        fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
+        return _global(qc, fk, vc, phi_q, G, block, not grad).to(q.dtype)
+    fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
+    block = block or BLOCK
+    outs = []
     off = Nk - Nq  # bottom-right: query i sees keys j <= i + off
     state = None
     if off > 0:  # the first `off` keys are seen by every query: the initial state

@@ -216,12 +216,15 @@ def test_unsupported_masks_and_knobs_have_reasons():
 
 
 class _LargestTensor(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, skip_views=False):
         super().__init__()
         self.largest = 0
+        self.skip_views = skip_views  # count allocations only, not views of the inputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.skip_views and func.is_view:
+            return out
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
@@ -253,3 +256,24 @@ def test_attention_api_with_defaults():
     inputs = case.make_inputs()
     out = attnbench.attention(inputs.q, inputs.k, inputs.v, backend="linear", causal=True)
     assert rel(out, BACKEND.impl_reference(case, inputs).out) < TOLERANCE_OUT["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_streamed_elu_path_matches_one_shot_and_allocates_only_the_output(dtype):
+    """Non-causal elu without autograd streams blocks of keys and queries through reused
+    buffers: same numbers as the one-shot (autograd) form, no phi(K)/phi(Q)-sized tensors."""
+    case = small(batch=2, heads_q=4, heads_kv=2, seq_q=53, seq_k=300, head_dim=8,
+                 head_dim_v=8, dtype=dtype, mode="fwd")
+    inputs = case.make_inputs()
+    with torch.no_grad():
+        spy = _LargestTensor(skip_views=True)
+        with spy:  # blocks of 8 query rows / 16 key rows, the last ones partial
+            got = L.linear_attention(inputs.q, inputs.k, inputs.v, case, None, False, block=8)
+        whole = L.linear_attention(inputs.q, inputs.k, inputs.v, case, None, False)
+    q, k, v = (t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    one_shot = L.linear_attention(q, k, v, case, None, False).detach()  # the autograd path
+    assert got.shape == one_shot.shape and got.dtype == one_shot.dtype == case.torch_dtype
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    assert rel(got, one_shot) < tol and rel(whole, one_shot) < tol
+    if dtype == "float32":  # (bf16 converts k to fp32 first: a k-sized copy)
+        assert spy.largest <= inputs.q.numel() < inputs.k.numel()  # the output, not phi(K)
