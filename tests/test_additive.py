@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from allocation_spy import LargestTensor
 
 from attnbench.backend import DIFFERENT
 from attnbench.case import Case
@@ -178,23 +177,6 @@ def test_one_row_over_budget_is_unsupported():
     assert BACKEND.not_supported_reasons(case.replace(memory_budget_mb=256)) == []
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest storage any aten op returns (forward and backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops += 1
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes())
-        return out
-
-
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
 def test_no_tensor_exceeds_the_budget(mode):
     case = small(batch=1, heads_q=2, heads_kv=2, seq_q=256, seq_k=256, head_dim=16,
@@ -204,11 +186,11 @@ def test_no_tensor_exceeds_the_budget(mode):
     assert unchunked > 30 * budget
     inputs = case.make_inputs()
     prepared = BACKEND.prepare(case, inputs)
-    spy = _LargestTensor()
+    spy = LargestTensor()
     with spy:
         result = prepared.fn()
     assert spy.ops > 50
-    assert 0.5 * budget < spy.largest <= budget  # the chunk slice is the biggest, within budget
+    assert 0.5 * budget < spy.largest_bytes <= budget  # the chunk slice: biggest, within budget
     got = prepared.outputs(result)
     ref = BACKEND.impl_reference(case, inputs).as_dict()
     for name, r in ref.items():

@@ -3,8 +3,7 @@ dense cases, and O(N) memory for bounded-row layouts (measured as allocations, n
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from allocation_spy import LargestTensor
 
 from attnbench.backend import APPROXIMATE
 from attnbench.case import Case
@@ -24,27 +23,12 @@ TIGHT = {"float32": (1e-5, 1e-4), "bfloat16": (TOLERANCE_OUT["bfloat16"],
                                               TOLERANCE_GRAD["bfloat16"])}
 
 
-class _LargestAllocation(TorchDispatchMode):
-    """Records the largest storage any operator returns (views report their base)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes())
-        return out
-
-
 def largest_allocation(backend, case) -> int:
     """Bytes of the largest tensor the timed closure (forward, and backward if any) creates."""
     prepared = backend.prepare(case, case.make_inputs())
-    with _LargestAllocation() as mode:
+    with LargestTensor() as mode:
         prepared.fn()
-    return mode.largest
+    return mode.largest_bytes
 
 
 def rel(a, b):

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from allocation_spy import LargestTensor
 
 from attnbench.backend import APPROXIMATE
 from attnbench.case import Case, Inputs
@@ -215,22 +214,6 @@ def test_unsupported_masks_and_knobs_have_reasons():
     assert BACKEND.not_supported_reasons(small(mask="causal")) == []
 
 
-class _LargestTensor(TorchDispatchMode):
-    def __init__(self, skip_views=False):
-        super().__init__()
-        self.largest = 0
-        self.skip_views = skip_views  # count allocations only, not views of the inputs
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.skip_views and func.is_view:
-            return out
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
 def test_causal_memory_is_linear_without_per_token_states(mode):
     B, H, N, D = 1, 2, 512, 16
@@ -238,13 +221,13 @@ def test_causal_memory_is_linear_without_per_token_states(mode):
                  mask="causal", mode=mode)
     inputs = case.make_inputs()
     prepared = BACKEND.prepare(case, inputs)
-    spy = _LargestTensor()
+    spy = LargestTensor()
     with spy:
         prepared.fn()
     per_token_states = B * H * N * D * (D + 1)  # the (B, H, N, F, Dv + 1) cumulative states
     # the largest tensor is O(N * (F + Dv + chunk)): phi(Q), phi(K), the intra-chunk product
-    assert spy.largest <= B * H * N * max(D + 1, L.CHUNK)
-    assert spy.largest * 4 < per_token_states
+    assert spy.largest_numel <= B * H * N * max(D + 1, L.CHUNK)
+    assert spy.largest_numel * 4 < per_token_states
 
 
 def test_attention_api_with_defaults():
@@ -266,7 +249,7 @@ def test_streamed_elu_path_matches_one_shot_and_allocates_only_the_output(dtype)
                  head_dim_v=8, dtype=dtype, mode="fwd")
     inputs = case.make_inputs()
     with torch.no_grad():
-        spy = _LargestTensor(skip_views=True)
+        spy = LargestTensor(skip_views=True)
         with spy:  # blocks of 8 query rows / 16 key rows, the last ones partial
             got = L.linear_attention(inputs.q, inputs.k, inputs.v, case, None, False, block=8)
         whole = L.linear_attention(inputs.q, inputs.k, inputs.v, case, None, False)
@@ -276,4 +259,4 @@ def test_streamed_elu_path_matches_one_shot_and_allocates_only_the_output(dtype)
     tol = 1e-6 if dtype == "float32" else 1e-2
     assert rel(got, one_shot) < tol and rel(whole, one_shot) < tol
     if dtype == "float32":  # (bf16 converts k to fp32 first: a k-sized copy)
-        assert spy.largest <= inputs.q.numel() < inputs.k.numel()  # the output, not phi(K)
+        assert spy.largest_numel <= inputs.q.numel() < inputs.k.numel()  # the output, not phi(K)

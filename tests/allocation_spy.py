@@ -1,0 +1,33 @@
+"""A memory check that does not time anything: the largest tensor any aten op returns.
+
+Used by the backends' tests to show that temporaries stay within a budget or grow linearly
+in N (forward and backward), by watching every operator under a TorchDispatchMode.
+"""
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records, over every op run inside it, the largest result: ``largest_bytes`` by its
+    storage (a view reports its base) and ``largest_numel`` by elements; ``ops`` counts ops.
+    With ``skip_views`` only ops that allocate count (views of the inputs are ignored)."""
+
+    def __init__(self, skip_views: bool = False):
+        super().__init__()
+        self.skip_views = skip_views
+        self.largest_bytes = 0
+        self.largest_numel = 0
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        if self.skip_views and func.is_view:
+            return out
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest_bytes = max(self.largest_bytes, t.untyped_storage().nbytes())
+                self.largest_numel = max(self.largest_numel, t.numel())
+        return out
