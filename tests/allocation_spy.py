@@ -31,3 +31,35 @@ class LargestTensor(TorchDispatchMode):
                 self.largest_bytes = max(self.largest_bytes, t.untyped_storage().nbytes())
                 self.largest_numel = max(self.largest_numel, t.numel())
         return out
+
+
+_PEAK_SCRIPT = """
+import json, sys
+from attnbench.case import Case
+from attnbench.memory import peak_memory_bytes
+from attnbench.registry import get_backend
+backend = get_backend(sys.argv[1])
+peaks = []
+for kwargs in json.loads(sys.argv[2]):
+    case = Case(**kwargs)
+    prepared = backend.prepare(case, case.make_inputs())
+    prepared.fn()
+    measured = [peak_memory_bytes(prepared.fn, "cpu") for _ in range(3)]
+    peaks.append(None if None in measured else min(measured))
+print(json.dumps(peaks))
+"""
+
+
+def fresh_process_peaks(backend: str, cases: list[dict]) -> list[int | None]:
+    """Best-of-three resident peak of each case's timed closure, in a fresh process.
+
+    As in the runner's worker: VmHWM is process-wide, so inside pytest the threads other
+    tests leave behind (compilers, profilers) would be counted with the backend's memory.
+    """
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, backend, json.dumps(cases)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])

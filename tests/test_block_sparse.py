@@ -3,7 +3,7 @@ dense cases, and O(N) memory for bounded-row layouts (measured as allocations, n
 
 import pytest
 import torch
-from allocation_spy import LargestTensor
+from allocation_spy import LargestTensor, fresh_process_peaks
 
 from attnbench.backend import APPROXIMATE
 from attnbench.case import Case
@@ -15,7 +15,6 @@ from attnbench.implementations.block_sparse import (
     case_layout,
 )
 from attnbench.implementations.naive import Naive
-from attnbench.memory import peak_memory_bytes
 from attnbench.reference import case_reference
 
 BACKEND = BlockSparse()
@@ -166,16 +165,13 @@ def test_allocation_probe_sees_quadratic_memory():
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
 def test_peak_memory_grows_linearly(mode):
-    peaks = {}
-    for n in (2048, 4096, 8192):
-        case = Case(batch=1, heads_q=4, heads_kv=4, seq_q=n, seq_k=n, head_dim=32,
-                    head_dim_v=32, mask="block_sparse(bigbird)", mode=mode)
-        prepared = BACKEND.prepare(case, case.make_inputs())
-        prepared.fn()
-        measured = [peak_memory_bytes(prepared.fn, "cpu") for _ in range(3)]
-        if None in measured:
-            pytest.skip("peak memory is not measurable on this platform")
-        peaks[n] = min(measured)
+    sizes = (2048, 4096, 8192)
+    cases = [dict(batch=1, heads_q=4, heads_kv=4, seq_q=n, seq_k=n, head_dim=32, head_dim_v=32,
+                  mask="block_sparse(bigbird)", mode=mode) for n in sizes]
+    measured = fresh_process_peaks(BACKEND.name, cases)
+    if None in measured:
+        pytest.skip("peak memory is not measurable on this platform")
+    peaks = dict(zip(sizes, measured))
     # Linear plus the global rows (O(N) each): allow a little over 2x per doubling.
     assert peaks[8192] <= 2.5 * peaks[4096] <= 2.5 ** 2 * peaks[2048], peaks
     # About 5% of the tiles at N = 8192: far below one dense (H, N, N) fp32 score matrix even
