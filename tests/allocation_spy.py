@@ -33,6 +33,14 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
+def largest_allocation(backend, case) -> int:
+    """Bytes of the largest tensor the timed closure (forward, and backward if any) creates."""
+    prepared = backend.prepare(case, case.make_inputs())
+    with LargestTensor() as mode:
+        prepared.fn()
+    return mode.largest_bytes
+
+
 _PEAK_SCRIPT = """
 import json, sys
 from attnbench.case import Case

@@ -3,7 +3,7 @@ dense cases, and O(N) memory for bounded-row layouts (measured as allocations, n
 
 import pytest
 import torch
-from allocation_spy import LargestTensor, fresh_process_peaks
+from allocation_spy import fresh_process_peaks, largest_allocation
 
 from attnbench.backend import APPROXIMATE
 from attnbench.case import Case
@@ -20,14 +20,6 @@ from attnbench.reference import case_reference
 BACKEND = BlockSparse()
 TIGHT = {"float32": (1e-5, 1e-4), "bfloat16": (TOLERANCE_OUT["bfloat16"],
                                               TOLERANCE_GRAD["bfloat16"])}
-
-
-def largest_allocation(backend, case) -> int:
-    """Bytes of the largest tensor the timed closure (forward, and backward if any) creates."""
-    prepared = backend.prepare(case, case.make_inputs())
-    with LargestTensor() as mode:
-        prepared.fn()
-    return mode.largest_bytes
 
 
 def rel(a, b):

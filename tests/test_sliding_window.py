@@ -3,7 +3,7 @@ memory behaviour (measured as the largest allocation the computation makes, not 
 
 import pytest
 import torch
-from allocation_spy import LargestTensor, fresh_process_peaks
+from allocation_spy import fresh_process_peaks, largest_allocation
 
 from attnbench.case import Case
 from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
@@ -19,14 +19,6 @@ BACKEND = SlidingWindow()
 # fp32 is held much tighter than the runner's tolerance; bf16 uses the runner's.
 TIGHT = {"float32": (1e-5, 1e-4), "bfloat16": (TOLERANCE_OUT["bfloat16"],
                                               TOLERANCE_GRAD["bfloat16"])}
-
-
-def largest_allocation(backend, case) -> int:
-    """Bytes of the largest tensor the timed closure (forward, and backward if any) creates."""
-    prepared = backend.prepare(case, case.make_inputs())
-    with LargestTensor() as mode:
-        prepared.fn()
-    return mode.largest_bytes
 
 
 def rel(a, b):
