@@ -123,6 +123,11 @@ def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
             blocks.append(("h2", "Approximation error against exact softmax (relative L2)"))
             blocks.append(("table", tables.pivot(approx, "err_vs_softmax_out_rel", ".2e",
                                                  lines)))
+    if "kernel" in df.columns and df["kernel"].notna().any():
+        blocks.append(("h2", "Kernel that ran"))
+        blocks.append(("p", "As recorded by the backend, once per case outside the timed region "
+                            "(for sdpa: the ATen kernel PyTorch dispatched to)."))
+        blocks.append(("table", tables.pivot(df[df["kernel"].notna()], "kernel", "", lines)))
     exps = scaling_exponents(df)
     if not exps.empty:
         blocks.append(("h2", "Scaling: fitted exponent of time over N"))
