@@ -31,7 +31,7 @@ import torch
 from attnbench.backend import DIFFERENT, Backend, Capabilities, wrap_mode
 from attnbench.dtypes import element_size
 from attnbench.masks import INF, allowed_rows
-from attnbench.reference import chunk_rows, chunked_reference
+from attnbench.reference import chunk_rows, chunked_reference, masked_softmax
 
 # Bytes per (row, key) pair besides the d_a-wide slice: scores, probabilities and
 # their gradients in the compute dtype (fp32, or fp64 for fp64 inputs), plus the mask.
@@ -224,13 +224,7 @@ def additive_rows(case, params: AdditiveParams):
         e = torch.matmul(t, params.w)  # (B, Hkv, G, R, Nk)
         allowed = allowed_rows(spec, r0, r1, case.seq_q, case.seq_k, qc.device,
                                case.block_layout, case.block_size)
-        if allowed is not None:
-            e = e.masked_fill(~allowed, -math.inf)
-        m = e.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
-        p = torch.exp(e - m)
-        den = p.sum(dim=-1, keepdim=True)
-        p = p / torch.where(den > 0, den, torch.ones_like(den))
+        p = masked_softmax(e, allowed)  # (B, Hkv, G, R, Nk)
         o = torch.matmul(p, v.unsqueeze(2))  # (B, Hkv, G, R, Dv)
         return o.reshape(B, Hq, R, v.shape[-1])
 

@@ -88,6 +88,20 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
     return RefResult(out, dq, dk.detach(), dv.detach())
 
 
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim keeping only ``allowed`` (broadcast) entries, differentiable.
+
+    Rows with no allowed entry give zeros rather than NaN (FlashAttention's convention).
+    """
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
+    m = scores.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    p = torch.exp(scores - m)  # masked entries are exp(-inf) = 0
+    denom = p.sum(dim=-1, keepdim=True)
+    return p / torch.where(denom > 0, denom, torch.ones_like(denom))
+
+
 def _visible_columns(mask: MaskSpec, r0: int, r1: int, seq_q: int, seq_k: int
                      ) -> tuple[int, int]:
     """Key range [lo, hi) that rows [r0, r1) can see: a band's reference costs O(N * window)."""
@@ -117,13 +131,7 @@ def softmax_rows(mask: MaskSpec, scale: float, seq_q: int, seq_k: int,
         qg = qc.reshape(B, Hkv, G, R, D)  # (B, Hkv, G, R, D)
         s = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # (B, Hkv, G, R, Nk')
         allowed = allowed_rows(mask, r0, r1, seq_q, seq_k, qc.device, layout, block_size)
-        if allowed is not None:
-            s = s.masked_fill(~allowed[:, lo:hi], -math.inf)
-        m = s.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
-        p = torch.exp(s - m)  # masked entries are exp(-inf) = 0
-        denom = p.sum(dim=-1, keepdim=True)
-        p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+        p = masked_softmax(s, None if allowed is None else allowed[:, lo:hi])
         o = torch.matmul(p, v.unsqueeze(2))  # (B, Hkv, G, R, Dv)
         return o.reshape(B, Hq, R, v.shape[-1])
 
