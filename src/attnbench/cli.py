@@ -8,6 +8,7 @@ Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -78,10 +79,7 @@ def cmd_list(args) -> int:
     rows = list_backends()
     if args.json:
         for row in rows:
-            caps = all_backends()[row["name"]].caps
-            row["capabilities"] = {k: (list(v) if isinstance(v, tuple) else v)
-                                   for k, v in vars(caps).items()} if hasattr(
-                caps, "__dict__") else {}
+            row["capabilities"] = dataclasses.asdict(all_backends()[row["name"]].caps)
         print(json.dumps(rows, indent=2))
         return 0
     width = max(len(r["name"]) for r in rows) if rows else 10

@@ -32,7 +32,7 @@ class CaseCache:
     def inputs_for(self, case: Case):
         if self.key != case.key:
             self.key, self.reference = case.key, None
-            self.inputs = None
+            self.inputs = None  # free the last case's tensors before making this one's
             self.inputs = case.make_inputs()
         return self.inputs
 

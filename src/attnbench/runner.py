@@ -131,16 +131,16 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
     return run_dir
 
 
-def run_jobs(jobs, executor, suite: Suite, run_dir: Path, run_id: str, env: dict,
+def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env: dict,
              ceilings: dict) -> None:
-    """The job loop: skip what an OOM speaks for, run the rest, append each record."""
+    """The job loop over the progress bar's jobs: skip what an OOM speaks for, run the rest,
+    append each record."""
     env_cols = environment.record_fields(env)
     oom = OomTracker()
     with records.RecordWriter(run_dir) as writer:
-        for case, backend in jobs:
-            if hasattr(jobs, "set_postfix_str"):
-                jobs.set_postfix_str(f"{backend} {case.mask} {case.mode} N={case.seq_q}",
-                                     refresh=False)
+        for case, backend in bar:
+            bar.set_postfix_str(f"{backend} {case.mask} {case.mode} N={case.seq_q}",
+                                refresh=False)
             reason = oom.skip_reason(case, backend)
             if reason:
                 rec = {"key": case.key, "backend": backend, **case.to_dict(),

@@ -121,6 +121,11 @@ def find_suite(name_or_path: str) -> Path:
                    f"(or give a path to a .toml file)")
 
 
+def _depth(x) -> int:
+    """How deeply the first elements of nested lists go: [[1, 2]] -> 2."""
+    return 1 + _depth(x[0]) if isinstance(x, list) and x else int(isinstance(x, list))
+
+
 class _Validator:
     def __init__(self, path: Path, known_backends: list[str] | None):
         self.path = path
@@ -136,10 +141,10 @@ class _Validator:
                           f"unknown key; allowed: {', '.join(allowed)}")
 
     def axis_values(self, key: str, raw, where: str = "") -> list:
-        values = raw if isinstance(raw, list) and key != "block_pairs" else [raw]
-        if key == "block_pairs" and isinstance(raw, list) and raw and isinstance(raw[0], list) \
-                and raw[0] and isinstance(raw[0][0], list):
-            values = raw  # a list of explicit layouts
+        # block_pairs is itself a list of [qb, kb] pairs: it is swept only as a list of them
+        nested = 2 if key == "block_pairs" else 0
+        is_sweep = isinstance(raw, list) and (nested == 0 or _depth(raw) > nested)
+        values = raw if is_sweep else [raw]
         if not values:
             self.fail(where + key, raw, "empty list; give at least one value")
         return [self.axis_value(key, v, where) for v in values]
