@@ -233,8 +233,6 @@ def test_causal_memory_is_linear_without_per_token_states(mode):
 def test_attention_api_with_defaults():
     import attnbench
 
-    if not hasattr(attnbench, "attention"):
-        pytest.skip("attnbench.attention is not written yet")
     case = small(mode="fwd", mask="causal", seq_q=12, seq_k=20)
     inputs = case.make_inputs()
     out = attnbench.attention(inputs.q, inputs.k, inputs.v, backend="linear", causal=True)
