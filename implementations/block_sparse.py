@@ -275,6 +275,12 @@ class BlockSparse(Backend):
                        f"(allowed: {', '.join(block_layouts.LAYOUTS)})")
         return out
 
+    def approximation(self, case):
+        if case.mask_spec.kind == "block_sparse":
+            return ""  # the case's own block mask: exact
+        return (f"keeps only the {case.block_layout_name!r} layout's {case.block_size}-wide "
+                f"blocks; choose with block_layout_name=")
+
     def plan(self, case, dtype=None, device="cpu") -> BlockPlan:
         return block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
                           dtype or case.torch_dtype, device)

@@ -296,6 +296,9 @@ class Linear(Backend):
                        "keys that leave a window; use sliding_window")
         return out
 
+    def approximation(self, case):
+        return f"kernel feature map {case.feature_map!r} instead of exp(q.k)"
+
     def _projection(self, case, device, dtype):
         return favor_projection(case, device, dtype) if case.feature_map == "favor" else None
 

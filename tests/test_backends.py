@@ -8,11 +8,12 @@ import math
 
 import pytest
 import torch
+from host_neutral import judged_backend
 
 import attnbench
 from attnbench import accuracy
 from attnbench.backend import EXACT
-from attnbench.case import Case
+from attnbench.case import Case, Inputs
 from attnbench.reference import case_reference
 from attnbench.registry import all_backends
 
@@ -46,7 +47,7 @@ def test_availability_is_explained(name):
 
 @pytest.mark.parametrize("name,kind,mode", list(grid()))
 def test_backend_matches_its_float64_function(name, kind, mode):
-    backend = all_backends()[name]
+    backend = judged_backend(name)
     ok, why = backend.is_available()
     if not ok:
         pytest.skip(f"unavailable: {why}")
@@ -73,7 +74,7 @@ def exact_backends():
 
 
 def run_exact(name, q, k, v):
-    backend = all_backends()[name]
+    backend = judged_backend(name)
     ok, why = backend.is_available()
     if not ok:
         pytest.skip(f"unavailable: {why}")
@@ -81,7 +82,7 @@ def run_exact(name, q, k, v):
     for kw in ({}, {"window": (n, n)}):  # a window wider than the sequence is no mask at all
         case = attnbench.case_for(q, k, v, **kw)
         if not backend.not_supported_reasons(case):
-            return attnbench.attention(q, k, v, backend=name, **kw)
+            return backend.build(case, Inputs(q, k, v))(q, k, v)
     pytest.skip("; ".join(backend.not_supported_reasons(attnbench.case_for(q, k, v))))
 
 

@@ -1,14 +1,16 @@
-"""flex: mask functions, compiled FlexAttention against the float64 reference, limits.
+"""flex: mask functions, the wrapper against the float64 reference, compile-once, limits.
 
-Compilation through inductor's CPU path takes seconds per case on 2 cores, so the
-compiled cases are few and small; the mask functions are checked exhaustively without
-compiling (``create_mask`` evaluates a mask_mod densely).
+The wrapper is judged through eager ``flex_attention`` with the very BlockMask the backend
+builds; inductor's compiled CPU kernel is host-dependent (see docs/upstream-faults.md), so
+no test here asserts its numbers: the harness does that at run time and records ``wrong``.
+The mask functions are checked exhaustively (``create_mask`` evaluates a mask_mod densely).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from host_neutral import EagerFlex
 from torch.nn.attention.flex_attention import create_mask
 
 from attnbench.case import Case
@@ -38,7 +40,7 @@ def test_unmasked_cases_have_no_mask_mod():
     assert mask_mod_for(Case(mask="window(inf,inf)"), "cpu") is None
 
 
-COMPILED = [
+WRAPPER_CASES = [
     # GQA, cross-attention, d_v != d, bottom-right causal
     Case(batch=1, heads_q=4, heads_kv=2, seq_q=24, seq_k=40, head_dim=16, head_dim_v=8,
          mask="causal"),
@@ -48,29 +50,41 @@ COMPILED = [
     # a block layout whose blocks (32) are smaller than flex's 128-wide sparse blocks
     Case(batch=1, heads_q=2, heads_kv=2, seq_q=150, seq_k=150, head_dim=16, head_dim_v=16,
          mask="block_sparse(bigbird)", block_size=32),
+    # a scale that is not 1/sqrt(D), and a negative one
+    Case(batch=1, heads_q=2, heads_kv=1, seq_q=33, seq_k=33, head_dim=16, head_dim_v=16,
+         mask="causal", scale=-0.3),
 ]
 
 
-@pytest.mark.parametrize("case", COMPILED, ids=lambda c: c.mask)
-def test_compiled_flex_against_reference(case):
-    backend = get_backend("flex")
-    assert backend.is_available()[0]
-    assert not backend.not_supported_reasons(case), backend.not_supported_reasons(case)
+@pytest.mark.parametrize("case", WRAPPER_CASES, ids=lambda c: f"{c.mask}-s{c.scale}")
+def test_wrapper_through_eager_flex_against_reference(case):
     inputs = case.make_inputs()
-    prepared = backend.prepare(case, inputs)
-    assert prepared.extras["compile_s"] > 0
-    from torch._dynamo.utils import counters
-
-    graphs = counters["stats"]["unique_graphs"]
-    out = prepared.outputs(prepared.fn())["out"]
-    prepared.fn()
-    assert counters["stats"]["unique_graphs"] == graphs  # the timed closure never compiles
+    out = EagerFlex().build(case, inputs)(inputs.q, inputs.k, inputs.v)
     ref = case_reference(case, inputs).out
     assert out.shape == ref.shape and torch.isfinite(out).all()
     rel = float((out.double() - ref).norm() / ref.norm())
     assert rel < TOLERANCE_OUT[case.dtype], rel
     if case.mask == "window(3,0)":
         assert torch.equal(out[:, :, :16], torch.zeros_like(out[:, :, :16]))
+
+
+def test_compiles_once_outside_the_timed_closure():
+    """prepare() compiles (and times it as compile_s); the timed closure never recompiles.
+    Only behaviour is checked here, not the compiled kernel's numbers."""
+    from torch._dynamo.utils import counters
+
+    case = WRAPPER_CASES[0]
+    backend = get_backend("flex")
+    if backend.not_supported_reasons(case):
+        pytest.skip("; ".join(backend.not_supported_reasons(case)))
+    inputs = case.make_inputs()
+    prepared = backend.prepare(case, inputs)
+    assert prepared.extras["compile_s"] > 0
+    graphs = counters["stats"]["unique_graphs"]
+    out = prepared.outputs(prepared.fn())["out"]
+    prepared.fn()
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert out.shape == (1, 4, 24, 8) and out.dtype == torch.float32
 
 
 def test_declared_limits():

@@ -88,6 +88,10 @@ HEAD = 'name = "tiny"\nbackends = ["naive"]\n'
     ('name = "tiny"\n[[sweep]]\nbackends = ["naive"]\n[sweep.axes]\nseq_len = 8\n'
      '[[sweep]]\nbackends = ["sdpa"]\n[sweep.axes]\nhead_dim = -8\nseq_len = 8',
      "tiny.toml: sweep[1].axes.head_dim = -8: must be a positive integer"),
+    (HEAD + "[axes]\nseq_len = 8\nscale = [-0.125, 0.5]", None),  # negatives are allowed
+    (HEAD + "[axes]\nseq_len = 8\nscale = 0", "axes.scale = 0: must be a finite nonzero number"),
+    (HEAD + "[axes]\nseq_len = 8\nscale = inf",
+     "axes.scale = inf: must be a finite nonzero number"),
 ])
 def test_validation_messages(write_suite, text, expected):
     path = write_suite(text + "\n")

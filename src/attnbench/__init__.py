@@ -1,9 +1,9 @@
 """attnbench: benchmark and profile attention backends against a float64 reference."""
 
-from .api import attention, case_for, list_backends, load_results, reference
+from .api import ApproximationWarning, attention, case_for, list_backends, load_results, reference
 from .case import Case, Inputs
 from .errors import BadInput, NotSupported
 
 __all__ = ["attention", "reference", "list_backends", "load_results", "case_for", "Case",
-           "Inputs", "NotSupported", "BadInput"]
+           "Inputs", "NotSupported", "BadInput", "ApproximationWarning"]
 __version__ = "0.1.0"

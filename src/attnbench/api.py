@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from .backend import Backend
+from .backend import APPROXIMATE, Backend
 from .case import Case, Inputs
 from .dtypes import dtype_name
 from .errors import NotSupported
@@ -34,9 +36,50 @@ def _mask_text(causal: bool, window) -> str:
     return "causal" if causal else "none"
 
 
+# Case fields a direct call may set by keyword; the rest come from the tensors.
+KNOBS = tuple(f for f in Case.knob_fields() if f != "scale")
+_TENSOR_FIELDS = tuple(f for f in Case.CORE_FIELDS if f not in ("mask", "seed"))
+
+
+class ApproximationWarning(UserWarning):
+    """attention() ran an approximate backend: its result is not softmax attention."""
+
+
+_warned_approximate: set[str] = set()
+
+
+def _check_keywords(knobs: dict) -> None:
+    """A misused keyword gets one line saying what is allowed (not a raw TypeError)."""
+    for name in knobs:
+        if name in KNOBS:
+            continue
+        if name == "mask":
+            raise TypeError("attention() takes no 'mask' keyword: use causal=True or "
+                            "window=(left, right); block-sparse layouts: "
+                            "backend='block_sparse', block_layout_name='local'|'bigbird'")
+        if name in _TENSOR_FIELDS:
+            raise TypeError(f"attention() keyword {name!r}: it is read from the tensors "
+                            f"(q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv))")
+        raise TypeError(f"attention() got an unknown keyword {name!r}; allowed: causal, "
+                        f"window, scale, {', '.join(KNOBS)}")
+
+
+def _warn_if_approximate(impl: Backend, case: Case) -> None:
+    if impl.semantics != APPROXIMATE or impl.name in _warned_approximate:
+        return
+    note = impl.approximation(case)
+    if not note:  # the call's own mask is what the backend computes exactly
+        return
+    _warned_approximate.add(impl.name)
+    warnings.warn(f"attnbench.attention(backend={impl.name!r}) approximates softmax "
+                  f"attention here ({note}); its result is not exact", ApproximationWarning,
+                  stacklevel=3)
+
+
 def case_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
              window=None, scale: float | None = None, **knobs) -> Case:
     """The Case describing a direct call on these tensors (seed 0 for seeded parameters)."""
+    _check_keywords(knobs)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, heads, seq, dim), got shape "
@@ -75,6 +118,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = 
     reasons = impl.not_supported_reasons(case)
     if reasons:
         raise NotSupported(backend, reasons)
+    _warn_if_approximate(impl, case)
     return impl.build(case, Inputs(q, k, v))(q, k, v)
 
 

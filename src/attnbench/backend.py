@@ -111,6 +111,11 @@ class Backend:
         """Do all setup and return a differentiable ``f(q, k, v) -> out`` (B, Hq, Nq, Dv)."""
         raise NotImplementedError
 
+    def approximation(self, case: Case) -> str:
+        """How this backend departs from the case's softmax attention (e.g. the block layout
+        it keeps); empty when it computes the case exactly. Only approximate backends."""
+        return ""
+
     def impl_reference(self, case: Case, inputs: Inputs):
         """Float64 evaluation of the function this backend claims to compute.
 

@@ -29,6 +29,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_capability() -> str | None:
+    """The SIMD level torch's CPU kernels dispatch to (avx2, avx512, ...; lower-case), which
+    ATEN_CPU_CAPABILITY can lower. Inductor's CPU code and some kernels differ by it."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability()).lower()
+    except Exception:  # older torch
+        return None
+
+
 def git_state(cwd: str | Path | None = None) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the checkout the package runs from, or (None, None)."""
     where = Path(cwd) if cwd else Path(__file__).resolve().parent
@@ -66,6 +75,7 @@ def collect(device: str) -> dict:
         "attnbench": _version("attnbench"),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_capability": cpu_capability(),
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "git_commit": commit,
@@ -87,7 +97,7 @@ def collect(device: str) -> dict:
 
 
 # The few environment fields copied into every record, so a row stands on its own.
-RECORD_FIELDS = ("device_name", "torch", "triton", "git_commit", "threads")
+RECORD_FIELDS = ("device_name", "cpu_capability", "torch", "triton", "git_commit", "threads")
 
 
 def record_fields(env: dict) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -186,8 +187,11 @@ class _Validator:
                 self.fail(key, v, "unknown device; allowed: auto, cpu, cuda, cuda:N")
             return v
         if key == "scale":
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-                self.fail(key, v, "must be a positive number")
+            # Any finite nonzero scale, as PyTorch's own SDPA tests use: negative scales
+            # exercise kernels' masking and max-shift paths (and find upstream faults).
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or v == 0
+                    or not math.isfinite(v)):
+                self.fail(key, v, "must be a finite nonzero number")
             return float(v)
         if key == "block_pairs":
             if not isinstance(v, list) or not all(
