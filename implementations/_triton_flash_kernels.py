@@ -49,6 +49,17 @@ except Exception:  # pragma: no cover - depends on the installed Triton
 
 LOG2E = 1.4426950408889634
 
+# Loop form of the kernels. Compiled, every loop is ``for x in range(lo, hi, step)`` (an scf.for,
+# which Triton software-pipelines over num_stages). Under the interpreter the same iterations run
+# as a ``while`` loop: the interpreter keeps every runtime scalar (program ids, integer arguments
+# and anything computed from them) as a 1-element numpy array, and Triton 3.6's interpreter
+# hands a tensor loop bound to ``range`` through ``tensor.__index__ = int(self.handle.data)``,
+# which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars",
+# triton-lang/triton#9171; later releases squeeze first). A ``while`` condition goes through
+# ``bool()``, which NumPy still allows on one element. A constexpr ``if`` compiles only the taken
+# branch, so the compiled kernels contain the ``for`` loops alone.
+_WHILE_LOOPS = tl.constexpr(INTERPRET)
+
 
 # ---------------------------------------------------------------------------------------------
 # Kernels
@@ -161,36 +172,61 @@ def _query_segments(n0, SEQ_Q, SEQ_K, LEFT, RIGHT, HAS_LEFT: tl.constexpr,
 
 
 @triton.jit
+def _fwd_step(acc, l_i, m_i, q, K_base, V_base, skn, skd, svn, svd, offs_m, offs_d, offs_dv,
+              d_ok, dv_ok, start_n, off, SEQ_K, LEFT, RIGHT, qk_scale,
+              HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key block of the forward loop: the online-softmax update for keys start_n + [0, N)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < SEQ_K
+    kT = _load_tile(K_base + offs_d[:, None] * skd + offs_n[None, :] * skn, d_ok, n_ok,
+                    BLOCK_D != HEAD_D, MASKED)  # (BLOCK_D, BLOCK_N)
+    s = _mma(q, kT, DOT_PREC) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+    if MASKED:
+        vis = _band_visible(offs_m, offs_n, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
+        vis = vis & n_ok[None, :]
+        s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:  # a row with nothing visible yet keeps m = -inf; shift it by 0 instead
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_tile(V_base + offs_n[:, None] * svn + offs_dv[None, :] * svd, n_ok, dv_ok,
+                   MASKED, BLOCK_DV != HEAD_DV)  # (BLOCK_N, BLOCK_DV)
+    acc = acc * alpha[:, None] + _mma(_cast(p, v.dtype, DOT_PREC), v, DOT_PREC)
+    m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, K_base, V_base, skn, skd, svn, svd, offs_m, offs_d, offs_dv,
                start, end, SEQ_Q, SEQ_K, LEFT, RIGHT, qk_scale,
                HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Run _fwd_step over the key blocks [start, end) (a while loop under the interpreter,
+    see _WHILE_LOOPS)."""
     off = SEQ_K - SEQ_Q
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-    for start_n in range(start, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < SEQ_K
-        kT = _load_tile(K_base + offs_d[:, None] * skd + offs_n[None, :] * skn, d_ok, n_ok,
-                        BLOCK_D != HEAD_D, MASKED)  # (BLOCK_D, BLOCK_N)
-        s = _mma(q, kT, DOT_PREC) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
-        if MASKED:
-            vis = _band_visible(offs_m, offs_n, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
-            vis = vis & n_ok[None, :]
-            s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:  # a row with nothing visible yet keeps m = -inf; shift it by 0 instead
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(V_base + offs_n[:, None] * svn + offs_dv[None, :] * svd, n_ok, dv_ok,
-                       MASKED, BLOCK_DV != HEAD_DV)  # (BLOCK_N, BLOCK_DV)
-        acc = acc * alpha[:, None] + _mma(_cast(p, v.dtype, DOT_PREC), v, DOT_PREC)
-        m_i = m_new
+    if _WHILE_LOOPS:
+        start_n = start
+        while start_n < end:
+            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, skn, skd, svn, svd,
+                                      offs_m, offs_d, offs_dv, d_ok, dv_ok, start_n, off, SEQ_K,
+                                      LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_N, BLOCK_D,
+                                      BLOCK_DV, MASKED, HAS_LEFT, HAS_RIGHT, DOT_PREC)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(start, end, BLOCK_N):
+            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, skn, skd, svn, svd,
+                                      offs_m, offs_d, offs_dv, d_ok, dv_ok, start_n, off, SEQ_K,
+                                      LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_N, BLOCK_D,
+                                      BLOCK_DV, MASKED, HAS_LEFT, HAS_RIGHT, DOT_PREC)
     return acc, l_i, m_i
 
 
@@ -273,37 +309,87 @@ def _bwd_delta_kernel(O, DO, DELTA, sob, soh, som, sod, sdb, sdh, sdm, sdd, H, S
 
 
 @triton.jit
+def _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_base, DELTA_base, sqm, sqd, sdm, sdd,
+               offs_n, offs_d, offs_dv, d_ok, dv_ok, start_m, off, SEQ_Q, LEFT, RIGHT, qk_scale,
+               HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One query block of the dK/dV loop: the contribution of rows start_m + [0, M)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < SEQ_Q
+    qT = _load_tile(Q_base + offs_d[:, None] * sqd + offs_m[None, :] * sqm, d_ok, m_ok,
+                    BLOCK_D != HEAD_D, MASKED)  # (BLOCK_D, BLOCK_M)
+    if MASKED:  # padded rows: lse = +inf makes their probabilities 0
+        lse = tl.load(LSE_base + offs_m, mask=m_ok, other=float("inf"))
+        delta = tl.load(DELTA_base + offs_m, mask=m_ok, other=0.0)
+    else:
+        lse = tl.load(LSE_base + offs_m)
+        delta = tl.load(DELTA_base + offs_m)
+    sT = _mma(k, qT, DOT_PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
+    pT = tl.exp2(sT - lse[None, :])
+    if MASKED:
+        vis = _band_visible(offs_n, offs_m, -off, RIGHT, LEFT, HAS_RIGHT, HAS_LEFT)
+        pT = tl.where(vis, pT, 0.0)
+    do = _load_tile(DO_base + offs_m[:, None] * sdm + offs_dv[None, :] * sdd, m_ok, dv_ok,
+                    MASKED, BLOCK_DV != HEAD_DV)  # (BLOCK_M, BLOCK_DV)
+    dv += _mma(_cast(pT, do.dtype, DOT_PREC), do, DOT_PREC)
+    dpT = _mma(v, tl.trans(do), DOT_PREC)  # (BLOCK_N, BLOCK_M)
+    dsT = pT * (dpT - delta[None, :])
+    dk += _mma(_cast(dsT, qT.dtype, DOT_PREC), tl.trans(qT), DOT_PREC)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE_base, DELTA_base, sqm, sqd, sdm, sdd,
                 offs_n, offs_d, offs_dv, start, end, SEQ_Q, SEQ_K, LEFT, RIGHT, qk_scale,
                 HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Accumulate dK, dV of one key block over query blocks [start, end) (transposed tiles)."""
+    """Accumulate dK, dV of one key block over query blocks [start, end) (transposed tiles;
+    a while loop under the interpreter, see _WHILE_LOOPS)."""
     off = SEQ_K - SEQ_Q
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-    for start_m in range(start, end, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < SEQ_Q
-        qT = _load_tile(Q_base + offs_d[:, None] * sqd + offs_m[None, :] * sqm, d_ok, m_ok,
-                        BLOCK_D != HEAD_D, MASKED)  # (BLOCK_D, BLOCK_M)
-        if MASKED:  # padded rows: lse = +inf makes their probabilities 0
-            lse = tl.load(LSE_base + offs_m, mask=m_ok, other=float("inf"))
-            delta = tl.load(DELTA_base + offs_m, mask=m_ok, other=0.0)
-        else:
-            lse = tl.load(LSE_base + offs_m)
-            delta = tl.load(DELTA_base + offs_m)
-        sT = _mma(k, qT, DOT_PREC) * qk_scale  # (BLOCK_N, BLOCK_M)
-        pT = tl.exp2(sT - lse[None, :])
-        if MASKED:
-            vis = _band_visible(offs_n, offs_m, -off, RIGHT, LEFT, HAS_RIGHT, HAS_LEFT)
-            pT = tl.where(vis, pT, 0.0)
-        do = _load_tile(DO_base + offs_m[:, None] * sdm + offs_dv[None, :] * sdd, m_ok, dv_ok,
-                        MASKED, BLOCK_DV != HEAD_DV)  # (BLOCK_M, BLOCK_DV)
-        dv += _mma(_cast(pT, do.dtype, DOT_PREC), do, DOT_PREC)
-        dpT = _mma(v, tl.trans(do), DOT_PREC)  # (BLOCK_N, BLOCK_M)
-        dsT = pT * (dpT - delta[None, :])
-        dk += _mma(_cast(dsT, qT.dtype, DOT_PREC), tl.trans(qT), DOT_PREC)
+    if _WHILE_LOOPS:
+        start_m = start
+        while start_m < end:
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_base, DELTA_base, sqm, sqd,
+                                sdm, sdd, offs_n, offs_d, offs_dv, d_ok, dv_ok, start_m, off,
+                                SEQ_Q, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M, BLOCK_D,
+                                BLOCK_DV, MASKED, HAS_LEFT, HAS_RIGHT, DOT_PREC)
+            start_m += BLOCK_M
+    else:
+        for start_m in range(start, end, BLOCK_M):
+            dk, dv = _dkdv_step(dk, dv, k, v, Q_base, DO_base, LSE_base, DELTA_base, sqm, sqd,
+                                sdm, sdd, offs_n, offs_d, offs_dv, d_ok, dv_ok, start_m, off,
+                                SEQ_Q, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M, BLOCK_D,
+                                BLOCK_DV, MASKED, HAS_LEFT, HAS_RIGHT, DOT_PREC)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_head(dk, dv, k, v, Q, DO, LSE, DELTA, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd,
+               b, h, H, offs_n, offs_d, offs_dv, lo, a, bnd, hi, SEQ_Q, SEQ_K, LEFT, RIGHT,
+               qk_scale, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_LEFT: tl.constexpr,
+               HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Add the dK, dV contribution of query head h (one of the GQA group) of batch b."""
+    Q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+    DO_base = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
+    row0 = (b * H + h).to(tl.int64) * SEQ_Q
+    if HAS_RIGHT:  # rows above the diagonal edge
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE + row0, DELTA + row0,
+                             sqm, sqd, sdm, sdd, offs_n, offs_d, offs_dv, lo, a, SEQ_Q,
+                             SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M,
+                             BLOCK_D, BLOCK_DV, True, HAS_LEFT, HAS_RIGHT, DOT_PREC)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE + row0, DELTA + row0,
+                         sqm, sqd, sdm, sdd, offs_n, offs_d, offs_dv, a, bnd, SEQ_Q,
+                         SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M,
+                         BLOCK_D, BLOCK_DV, False, HAS_LEFT, HAS_RIGHT, DOT_PREC)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE + row0, DELTA + row0,
+                         sqm, sqd, sdm, sdd, offs_n, offs_d, offs_dv, bnd, hi, SEQ_Q,
+                         SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M,
+                         BLOCK_D, BLOCK_DV, True, HAS_LEFT, HAS_RIGHT, DOT_PREC)
     return dk, dv
 
 
@@ -336,24 +422,21 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
 
     lo, a, bnd, hi = _query_segments(n0, SEQ_Q, SEQ_K, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT,
                                      BLOCK_M, BLOCK_N)
-    for g in range(0, GROUP):  # the query heads sharing this K/V head: their gradients add up
-        h = hk * GROUP + g
-        Q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-        DO_base = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
-        row0 = (b * H + h).to(tl.int64) * SEQ_Q
-        if HAS_RIGHT:  # rows above the diagonal edge
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE + row0, DELTA + row0,
-                                 sqm, sqd, sdm, sdd, offs_n, offs_d, offs_dv, lo, a, SEQ_Q,
-                                 SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M,
-                                 BLOCK_D, BLOCK_DV, True, HAS_LEFT, HAS_RIGHT, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE + row0, DELTA + row0,
-                             sqm, sqd, sdm, sdd, offs_n, offs_d, offs_dv, a, bnd, SEQ_Q,
-                             SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M,
-                             BLOCK_D, BLOCK_DV, False, HAS_LEFT, HAS_RIGHT, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE + row0, DELTA + row0,
-                             sqm, sqd, sdm, sdd, offs_n, offs_d, offs_dv, bnd, hi, SEQ_Q,
-                             SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV, BLOCK_M,
-                             BLOCK_D, BLOCK_DV, True, HAS_LEFT, HAS_RIGHT, DOT_PREC)
+    # The query heads sharing this K/V head: their gradients add up (see _WHILE_LOOPS).
+    if _WHILE_LOOPS:
+        g = hk * 0
+        while g < GROUP:
+            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, LSE, DELTA, sqb, sqh, sqm, sqd, sdb, sdh,
+                                sdm, sdd, b, hk * GROUP + g, H, offs_n, offs_d, offs_dv, lo, a,
+                                bnd, hi, SEQ_Q, SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV,
+                                BLOCK_M, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT, DOT_PREC)
+            g += 1
+    else:
+        for g in range(0, GROUP):
+            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, LSE, DELTA, sqb, sqh, sqm, sqd, sdb, sdh,
+                                sdm, sdd, b, hk * GROUP + g, H, offs_n, offs_d, offs_dv, lo, a,
+                                bnd, hi, SEQ_Q, SEQ_K, LEFT, RIGHT, qk_scale, HEAD_D, HEAD_DV,
+                                BLOCK_M, BLOCK_D, BLOCK_DV, HAS_LEFT, HAS_RIGHT, DOT_PREC)
 
     dk = dk * sm_scale
     dk_ptrs = (DK + b.to(tl.int64) * s_dkb + hk.to(tl.int64) * s_dkh + offs_n[:, None] * s_dkn
@@ -367,30 +450,54 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
 
 
 @triton.jit
+def _dq_step(dq, q, do, lse, delta, K_base, V_base, skn, skd, svn, svd, offs_m, offs_d, offs_dv,
+             d_ok, dv_ok, start_n, off, SEQ_K, LEFT, RIGHT, qk_scale,
+             HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key block of the dQ loop: the contribution of keys start_n + [0, N)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < SEQ_K
+    kT = _load_tile(K_base + offs_d[:, None] * skd + offs_n[None, :] * skn, d_ok, n_ok,
+                    BLOCK_D != HEAD_D, MASKED)  # (BLOCK_D, BLOCK_N)
+    vT = _load_tile(V_base + offs_dv[:, None] * svd + offs_n[None, :] * svn, dv_ok, n_ok,
+                    BLOCK_DV != HEAD_DV, MASKED)  # (BLOCK_DV, BLOCK_N)
+    s = _mma(q, kT, DOT_PREC) * qk_scale  # (BLOCK_M, BLOCK_N)
+    p = tl.exp2(s - lse[:, None])
+    if MASKED:
+        vis = _band_visible(offs_m, offs_n, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
+        p = tl.where(vis & n_ok[None, :], p, 0.0)
+    dp = _mma(do, vT, DOT_PREC)  # (BLOCK_M, BLOCK_N)
+    ds = p * (dp - delta[:, None])
+    dq += _mma(_cast(ds, kT.dtype, DOT_PREC), tl.trans(kT), DOT_PREC)
+    return dq
+
+
+@triton.jit
 def _dq_inner(dq, q, do, lse, delta, K_base, V_base, skn, skd, svn, svd, offs_m, offs_d,
               offs_dv, start, end, SEQ_Q, SEQ_K, LEFT, RIGHT, qk_scale,
               HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Accumulate dQ of one query block over key blocks [start, end)."""
+    """Accumulate dQ of one query block over key blocks [start, end) (a while loop under the
+    interpreter, see _WHILE_LOOPS)."""
     off = SEQ_K - SEQ_Q
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-    for start_n in range(start, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < SEQ_K
-        kT = _load_tile(K_base + offs_d[:, None] * skd + offs_n[None, :] * skn, d_ok, n_ok,
-                        BLOCK_D != HEAD_D, MASKED)  # (BLOCK_D, BLOCK_N)
-        vT = _load_tile(V_base + offs_dv[:, None] * svd + offs_n[None, :] * svn, dv_ok, n_ok,
-                        BLOCK_DV != HEAD_DV, MASKED)  # (BLOCK_DV, BLOCK_N)
-        s = _mma(q, kT, DOT_PREC) * qk_scale  # (BLOCK_M, BLOCK_N)
-        p = tl.exp2(s - lse[:, None])
-        if MASKED:
-            vis = _band_visible(offs_m, offs_n, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT)
-            p = tl.where(vis & n_ok[None, :], p, 0.0)
-        dp = _mma(do, vT, DOT_PREC)  # (BLOCK_M, BLOCK_N)
-        ds = p * (dp - delta[:, None])
-        dq += _mma(_cast(ds, kT.dtype, DOT_PREC), tl.trans(kT), DOT_PREC)
+    if _WHILE_LOOPS:
+        start_n = start
+        while start_n < end:
+            dq = _dq_step(dq, q, do, lse, delta, K_base, V_base, skn, skd, svn, svd, offs_m,
+                          offs_d, offs_dv, d_ok, dv_ok, start_n, off, SEQ_K, LEFT, RIGHT,
+                          qk_scale, HEAD_D, HEAD_DV, BLOCK_N, BLOCK_D, BLOCK_DV, MASKED,
+                          HAS_LEFT, HAS_RIGHT, DOT_PREC)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(start, end, BLOCK_N):
+            dq = _dq_step(dq, q, do, lse, delta, K_base, V_base, skn, skd, svn, svd, offs_m,
+                          offs_d, offs_dv, d_ok, dv_ok, start_n, off, SEQ_K, LEFT, RIGHT,
+                          qk_scale, HEAD_D, HEAD_DV, BLOCK_N, BLOCK_D, BLOCK_DV, MASKED,
+                          HAS_LEFT, HAS_RIGHT, DOT_PREC)
     return dq
 
 
