@@ -16,6 +16,12 @@ again. Work is ``sum over rows of (padded count) * b * b * (D + Dv)``, so O(N) w
 row sees a bounded number of blocks (local, bigbird's band + random) plus O(N) per global
 row. GQA folds the G query heads sharing a K/V head into a block's rows (no K/V repeat).
 
+The backward is explicit (an ``autograd.Function``): it replays the chunks with the saved
+P, gathering K/V again. A dq row is one matmul; dk and dv sum over every query block that
+sees a key block, in an fp32 accumulator (``index_add_``), rounded once. fp16/bf16 use
+sliding_window's helpers and FlashAttention's numerics: products summed in fp32 and never
+rounded to the dtype, scale, bias and softmax in fp32, only P rounded.
+
 On a ``block_sparse(LAYOUT)`` case it computes the case's function exactly. On a dense
 case (mask ``none``) it applies the layout named by the case knob ``block_layout_name``
 (default ``bigbird``) and is an approximation of dense attention: ``impl_reference`` is the
@@ -29,9 +35,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from attnbench import block_layouts
 from attnbench.backend import APPROXIMATE, Backend, Capabilities
+from attnbench.case import MODE_FLOP_FACTOR
+from attnbench.implementations.sliding_window import (
+    bmm_acc,
+    score_grad,
+    softmax_dtype,
+    softmax_probs,
+    work_buffers,
+)
 from attnbench.reference import RefResult, chunked_reference
 
 
@@ -153,6 +168,163 @@ def _chunks(n: int, per: int, split: int) -> list[tuple[int, int]]:
             + [(r, min(n, r + per)) for r in range(split, n, per)])
 
 
+def _chunk_list(plan: BlockPlan, group: int, chunk_elements: int) -> list[tuple]:
+    """The chunks of one K/V head in processing order, as (bucket, r0, r1, pos, first): rows
+    [r0, r1) of the bucket, ``pos`` the place of row r0 in the bucket-ordered output, and
+    ``first`` the first query block when the rows are consecutive (q is then sliced, not
+    gathered), else None."""
+    out, pos = [], 0
+    for bucket in plan.buckets:
+        nr, kmax = bucket.idx.shape
+        for r0, r1 in _chunks(nr, _per(chunk_elements, group, plan.block, kmax), bucket.n_full):
+            first = bucket.row_list[r0]
+            run = bucket.row_list[r0:r1] == list(range(first, first + r1 - r0))
+            out.append((bucket, r0, r1, pos + r0, first if run else None))
+        pos += nr
+    return out
+
+
+def _query_blocks(x, plan: BlockPlan, heads_kv: int) -> torch.Tensor:
+    """(B, Hq, Nq, E) -> (B*Hkv, G, nqb, b, E), rows zero-padded to whole blocks."""
+    B, Hq, N, E = x.shape
+    if plan.n_q_blocks * plan.block != N:
+        x = F.pad(x, (0, 0, 0, plan.n_q_blocks * plan.block - N))  # (B, Hq, nqb*b, E)
+    return x.reshape(B * heads_kv, Hq // heads_kv, plan.n_q_blocks, plan.block, E)
+
+
+def _key_blocks(x, plan: BlockPlan) -> torch.Tensor:
+    """(B, Hkv, Nk, E) -> (B*Hkv, nkb, b, E): a view unless the last block needs padding."""
+    B, H, N, E = x.shape
+    if plan.n_k_blocks * plan.block != N:
+        x = F.pad(x, (0, 0, 0, plan.n_k_blocks * plan.block - N))  # (B, Hkv, nkb*b, E)
+    return x.reshape(B * H, plan.n_k_blocks, plan.block, E)
+
+
+def _rows(xs, h: int, chunk) -> torch.Tensor:
+    """A chunk's query blocks of K/V head h, its G query heads folded in: (n, G*b, E)."""
+    bucket, r0, r1, _, first = chunk
+    n = r1 - r0
+    if first is not None:
+        x = xs[h, :, first:first + n]  # (G, n, b, E) consecutive rows: a view
+    else:
+        x = xs[h].index_select(1, bucket.rows[r0:r1])  # (G, n, b, E)
+    G, _, b, E = x.shape
+    return x[0] if G == 1 else x.transpose(0, 1).reshape(n, G * b, E)
+
+
+def _gather(xb, h: int, chunk, out=None) -> torch.Tensor:
+    """The key (or value) blocks a chunk's rows see, K/V head h: (n, kmax*b, E), a copy."""
+    bucket, r0, r1 = chunk[:3]
+    idx = bucket.flat_idx[r0 * bucket.kmax:r1 * bucket.kmax]  # (n*kmax,)
+    g = torch.index_select(xb[h], 0, idx, out=out)  # (n*kmax, b, E)
+    return g.view(r1 - r0, -1, xb.shape[-1])
+
+
+def _bias(chunk):
+    bucket, r0, r1 = chunk[:3]
+    return None if r1 <= bucket.n_full else bucket.bias[r0:r1]  # (n, 1, kmax*b)
+
+
+def _from_rows(x, plan: BlockPlan, B: int, Hq: int, Nq: int) -> torch.Tensor:
+    """(B*Hkv, nqb, G*b, E) query-block rows in bucket order -> (B, Hq, Nq, E)."""
+    BH, nqb, gb, E = x.shape
+    if plan.inverse is not None:
+        x = x.index_select(1, plan.inverse)  # back to query-block order
+    b = plan.block
+    x = x.view(B, BH // B, nqb, gb // b, b, E).transpose(2, 3).reshape(B, Hq, nqb * b, E)
+    return x[:, :, :Nq]
+
+
+def _block_forward(q, k, v, plan: BlockPlan, scale: float, chunk_elements: int,
+                   save_p: bool):
+    """Output (B, Hq, Nq, Dv) and, with ``save_p``, P of every chunk (for the backward).
+
+    Chunk-sized work buffers serve every chunk; each chunk's result goes straight into its
+    slot of the output, laid out in bucket order (each bucket's rows are contiguous there).
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    G, b, nqb = Hq // Hkv, plan.block, plan.n_q_blocks
+    qs = _query_blocks(q, plan, Hkv)  # (B*Hkv, G, nqb, b, D)
+    kb, vb = _key_blocks(k, plan), _key_blocks(v, plan)  # (B*Hkv, nkb, b, D|Dv)
+    chunks = _chunk_list(plan, G, chunk_elements)
+    most = max(((r1 - r0) * bk.kmax for bk, r0, r1, _, _ in chunks), default=0)  # key blocks
+    k_buf, v_buf = q.new_empty(most, b, D), q.new_empty(most, b, Dv)
+    bufs = work_buffers(q, most * G * b * b)
+    p_buf = None if save_p else q.new_empty(most * G * b * b)
+    o = q.new_empty(B * Hkv, nqb, G * b, Dv)  # (B*Hkv, nqb, G*b, Dv)
+    probs = []
+    for h in range(B * Hkv):
+        for chunk in chunks:
+            bucket, r0, r1, pos, _ = chunk
+            n, m = r1 - r0, (r1 - r0) * bucket.kmax
+            kc = _gather(kb, h, chunk, k_buf[:m])  # (n, kmax*b, D) gathered keys
+            vc = _gather(vb, h, chunk, v_buf[:m])  # (n, kmax*b, Dv) gathered values
+            shape = (n, G * b, bucket.kmax * b)  # (n, G*b, kmax*b)
+            p_out = q.new_empty(shape) if save_p else p_buf[:m * G * b * b].view(shape)
+            # softmax(scale * q k^T + bias); the bias hides padding keys (None: nothing to hide)
+            p = softmax_probs(_rows(qs, h, chunk), kc.transpose(1, 2), _bias(chunk), scale,
+                              bufs, p_out)
+            torch.bmm(p, vc, out=o[h, pos:pos + n])  # (n, G*b, Dv)
+            if save_p:
+                probs.append(p)
+    o[:, nqb - plan.n_empty:].zero_()  # query blocks that see no key output 0
+    return _from_rows(o, plan, B, Hq, Nq), probs
+
+
+def _block_backward(q, k, v, probs, do, plan: BlockPlan, scale: float, chunk_elements: int):
+    """dq, dk, dv from the saved P, chunk by chunk as in the forward (K/V gathered again).
+
+    A query block is in one chunk, so each dq row is one matmul. A key block is seen by
+    many query blocks: dk and dv are summed over them in ``softmax_dtype`` (fp32 for
+    fp16/bf16), from unrounded per-chunk products, and rounded once at the end.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[-1]
+    G, b, nqb, nkb = Hq // Hkv, plan.block, plan.n_q_blocks, plan.n_k_blocks
+    qs = _query_blocks(q, plan, Hkv)  # (B*Hkv, G, nqb, b, D)
+    dos = _query_blocks(do, plan, Hkv)  # (B*Hkv, G, nqb, b, Dv)
+    kb, vb = _key_blocks(k, plan), _key_blocks(v, plan)  # (B*Hkv, nkb, b, D|Dv)
+    acc = softmax_dtype(q.dtype)
+    dk = q.new_zeros(B * Hkv, nkb, b, D, dtype=acc)  # (B*Hkv, nkb, b, D)
+    dv = q.new_zeros(B * Hkv, nkb, b, Dv, dtype=acc)  # (B*Hkv, nkb, b, Dv)
+    dq = q.new_empty(B * Hkv, nqb, G * b, D)  # (B*Hkv, nqb, G*b, D) bucket order
+    chunks, saved = _chunk_list(plan, G, chunk_elements), iter(probs)
+    for h in range(B * Hkv):
+        for chunk in chunks:
+            bucket, r0, r1, pos, _ = chunk
+            idx = bucket.flat_idx[r0 * bucket.kmax:r1 * bucket.kmax]  # (n*kmax,)
+            p, doc = next(saved), _rows(dos, h, chunk)  # (n, G*b, kmax*b), (n, G*b, Dv)
+            vc = _gather(vb, h, chunk)  # (n, kmax*b, Dv)
+            dv[h].index_add_(0, idx, bmm_acc(p.transpose(1, 2), doc).view(-1, b, Dv))
+            ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n, G*b, kmax*b)
+            bmm_acc(ds, _gather(kb, h, chunk), out=dq[h, pos:pos + r1 - r0])  # (n, G*b, D)
+            dk_c = bmm_acc(ds.transpose(1, 2), _rows(qs, h, chunk))  # (n, kmax*b, D)
+            dk[h].index_add_(0, idx, dk_c.view(-1, b, D))
+    dq[:, nqb - plan.n_empty:].zero_()  # query blocks that see no key
+    dk = dk.flatten(1, 2)[:, :Nk].to(k.dtype).view(k.shape)  # (B, Hkv, Nk, D)
+    dv = dv.flatten(1, 2)[:, :Nk].to(v.dtype).view(v.shape)  # (B, Hkv, Nk, Dv)
+    return _from_rows(dq, plan, B, Hq, Nq), dk, dv
+
+
+class _BlockSparseAttention(torch.autograd.Function):
+    """Keeps P of every chunk (O(computed tiles)); the backward is ``_block_backward``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan, scale, chunk_elements):
+        o, probs = _block_forward(q, k, v, plan, scale, chunk_elements, save_p=True)
+        ctx.save_for_backward(q, k, v)
+        ctx.probs = probs  # intermediates (neither inputs nor outputs) may live on ctx
+        ctx.args = (plan, scale, chunk_elements)
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        return (*_block_backward(q, k, v, ctx.probs, do, *ctx.args), None, None, None)
+
+
 def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
                            chunk_elements: int = 1 << 19) -> torch.Tensor:
     """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv) -> (B, Hq, Nq, Dv).
@@ -160,76 +332,9 @@ def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
     Per K/V head and bucket, rows are processed in chunks whose scores hold about
     ``chunk_elements`` elements, so the gathered K/V and the scores stay in cache.
     """
-    B, Hq, Nq, D = q.shape
-    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[-1]
-    G, b = Hq // Hkv, plan.block
-    nqb, nkb = plan.n_q_blocks, plan.n_k_blocks
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    qs = q
-    if nqb * b != Nq:
-        qs = F.pad(qs, (0, 0, 0, nqb * b - Nq))  # (B, Hq, nqb*b, D)
-    qs = qs.view(B * Hkv, G, nqb, b, D)  # (B*Hkv, G, nqb, b, D)
-    # K/V as blocks (a view unless the last block is partial and needs zero padding).
-    kb = (F.pad(k, (0, 0, 0, nkb * b - Nk)) if nkb * b != Nk else k).reshape(B * Hkv, nkb, b * D)
-    vb = (F.pad(v, (0, 0, 0, nkb * b - Nk)) if nkb * b != Nk else v).reshape(B * Hkv, nkb,
-                                                                            b * Dv)
-    # Without autograd every chunk's result goes straight into its slot of the output,
-    # laid out in bucket order (each bucket's rows are contiguous there).
-    o = None if grad else q.new_empty(B * Hkv, nqb, G * b, Dv)  # (B*Hkv, nqb, G*b, Dv)
-    if not grad:  # chunk-sized work buffers shared by every chunk: no allocation per chunk
-        most = max((min(len(bk.rows), _per(chunk_elements, G, b, bk.kmax)) * bk.kmax
-                    for bk in plan.buckets), default=0)  # key blocks in the largest chunk
-        k_buf, v_buf = q.new_empty(most * b * D), q.new_empty(most * b * Dv)
-        s_buf, p_buf = q.new_empty(most * G * b * b), q.new_empty(most * G * b * b)
-    outs = []
-    for h in range(B * Hkv):
-        pos = 0
-        for bucket in plan.buckets:
-            nr, kmax = bucket.idx.shape
-            for r0, r1 in _chunks(nr, _per(chunk_elements, G, b, kmax), bucket.n_full):
-                n = r1 - r0
-                first = bucket.row_list[r0]
-                if bucket.row_list[r0:r1] == list(range(first, first + n)):
-                    qc = qs[h, :, first:first + n]  # (G, n, b, D) consecutive rows: a view
-                else:
-                    qc = qs[h].index_select(1, bucket.rows[r0:r1])  # (G, n, b, D)
-                qc = qc[0] if G == 1 else qc.transpose(0, 1).reshape(n, G * b, D)
-                idx = bucket.flat_idx[r0 * kmax:r1 * kmax]  # (n*kmax,)
-                bias = None if r1 <= bucket.n_full else bucket.bias[r0:r1]  # (n, 1, kmax*b)
-                if o is None:
-                    kc = kb[h].index_select(0, idx).view(n, kmax * b, D)  # gathered keys
-                    vc = vb[h].index_select(0, idx).view(n, kmax * b, Dv)  # gathered values
-                    if bias is None:
-                        s = torch.bmm(qc, kc.transpose(1, 2)).mul_(scale)  # (n, G*b, kmax*b)
-                    else:  # some keys are padding: the bias hides them
-                        s = torch.baddbmm(bias, qc, kc.transpose(1, 2), alpha=scale)
-                    outs.append(torch.bmm(torch.softmax(s, dim=-1), vc))  # (n, G*b, Dv)
-                    continue
-                m = n * kmax
-                kc = torch.index_select(kb[h], 0, idx, out=k_buf[:m * b * D].view(m, b * D))
-                vc = torch.index_select(vb[h], 0, idx, out=v_buf[:m * b * Dv].view(m, b * Dv))
-                kc, vc = kc.view(n, kmax * b, D), vc.view(n, kmax * b, Dv)
-                s = s_buf[:m * G * b * b].view(n, G * b, kmax * b)
-                p = p_buf[:m * G * b * b].view(n, G * b, kmax * b)
-                if bias is None:  # beta=0: s is only the destination
-                    torch.baddbmm(s, qc, kc.transpose(1, 2), beta=0, alpha=scale, out=s)
-                else:
-                    torch.baddbmm(bias, qc, kc.transpose(1, 2), alpha=scale, out=s)
-                torch.softmax(s, dim=-1, out=p)
-                torch.bmm(p, vc, out=o[h, pos + r0:pos + r1])
-            pos += nr
-        if plan.n_empty:  # query blocks that see no key output 0
-            if o is None:
-                outs.append(q.new_zeros(plan.n_empty, G * b, Dv))
-            else:
-                o[h, pos:].zero_()
-    if o is None:
-        o = torch.cat(outs) if len(outs) > 1 else outs[0]  # (B*Hkv*nqb, G*b, Dv)
-        o = o.view(B * Hkv, nqb, G * b, Dv)
-    if plan.inverse is not None:
-        o = o.index_select(1, plan.inverse)  # back to query-block order
-    o = o.view(B, Hkv, nqb, G, b, Dv).transpose(2, 3).reshape(B, Hq, nqb * b, Dv)
-    return o[:, :, :Nq]  # (B, Hq, Nq, Dv)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _BlockSparseAttention.apply(q, k, v, plan, scale, chunk_elements)
+    return _block_forward(q, k, v, plan, scale, chunk_elements, save_p=False)[0]
 
 
 def block_mask_reference(q, k, v, layout: torch.Tensor, block: int, scale: float,
@@ -267,6 +372,8 @@ class BlockSparse(Backend):
                    "block_sparse masks, an approximation on dense cases")
     caps = Capabilities(masks=("none", "block_sparse"))
     semantics = APPROXIMATE  # exact on block_sparse cases: impl_reference == case reference
+    # Its softmax and gradient numerics are sliding_window's helpers.
+    code_modules = ("attnbench.implementations.sliding_window",)
 
     def extra_reasons(self, case):
         out = []
@@ -281,9 +388,17 @@ class BlockSparse(Backend):
         return (f"keeps only the {case.block_layout_name!r} layout's {case.block_size}-wide "
                 f"blocks; choose with block_layout_name=")
 
+    def work_flops(self, case):
+        """The tiles it computes (bucket padding included), not the dense case's pairs."""
+        plan = block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
+                          torch.float32, "cpu")
+        pairs = plan.computed_blocks() * case.block_size**2
+        fwd = 2.0 * case.batch * case.heads_q * pairs * (case.head_dim + case.head_dim_v)
+        return fwd * MODE_FLOP_FACTOR[case.mode]
+
     def plan(self, case, dtype=None, device="cpu") -> BlockPlan:
         return block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
-                          dtype or case.torch_dtype, device)
+                          softmax_dtype(dtype or case.torch_dtype), device)
 
     def build(self, case, inputs):
         plan = self.plan(case, inputs.q.dtype, inputs.q.device)

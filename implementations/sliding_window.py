@@ -11,12 +11,20 @@ hides, then softmax and a second batched matmul. In a span-relative column ``c``
 test ``a <= c <= a + L + R`` (``a`` the row inside its block) is the same for every block,
 so all interior blocks share one small bias; only the blocks at the ends have their own.
 
-The work goes in cache-sized chunks of blocks, one K/V head at a time; without autograd two
-chunk-sized buffers serve every chunk. Work is ``Nq * (Bq + L + R) * (D + Dv)``
-multiply-adds; memory is the output plus the chunk buffers in the forward, and O(N * W)
-saved probabilities under autograd: linear in N for a fixed window either way. GQA folds
-the ``G`` query heads that share a K/V head into the rows of a block, so K/V are never
-repeated. Rows that see no key output 0.
+The work goes in cache-sized chunks of blocks, one K/V head at a time; chunk-sized work
+buffers serve every chunk. Work is ``Nq * (Bq + L + R) * (D + Dv)`` multiply-adds; memory
+is the output plus the chunk buffers in the forward, and O(N * W) saved probabilities
+under autograd: linear in N for a fixed window either way. GQA folds the ``G`` query heads
+that share a K/V head into the rows of a block, so K/V are never repeated. Rows that see
+no key output 0.
+
+The backward is explicit (an ``autograd.Function``): it replays the chunks with the saved
+P. A dq row is one matmul; a key lies in up to ceil(W / Bq) overlapping spans, so dk and dv
+are summed over the spans in an fp32 accumulator and rounded once. fp16/bf16 follow
+FlashAttention's numerics: Q K^T, dO V^T and the dQ/dK/dV products are summed in fp32 and
+never rounded to the dtype (CUDA: bmm's fp32 ``out_dtype``; elsewhere the operands are
+upcast exactly, so on a CPU these matmuls run at fp32 speed); scale, bias and softmax are
+applied in fp32, and only P is rounded (for P @ V and for the backward).
 
 Causal and ``none`` are unbounded windows; this backend refuses them (and windows with an
 infinite side) rather than silently running in O(N^2): use sdpa or naive for those.
@@ -29,8 +37,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from attnbench.backend import Backend, Capabilities
+from attnbench.case import MODE_FLOP_FACTOR
 from attnbench.masks import INF
 
 
@@ -160,6 +170,217 @@ def window_bias(plan: WindowPlan, dtype: torch.dtype, device, group: int = 1) ->
     return WindowBias(as_bias(band[None]), as_bias(ok[:lo]), as_bias(ok[hi:]), lo, hi, keep)
 
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of the bias, the softmax and the dK/dV sums: fp32 for fp16/bf16 inputs."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def bmm_acc(a, b, out=None) -> torch.Tensor:
+    """a @ b (batched), summed in fp32 and not rounded when the inputs are fp16/bf16.
+
+    The operands are in the inputs' dtype or in its ``softmax_dtype``; the product is in
+    ``softmax_dtype`` (or written into ``out``). CUDA: an fp32 operand is rounded to the
+    inputs' dtype (as FlashAttention rounds P and dS for its matmuls) and bmm's fp32
+    ``out_dtype`` keeps the sums in fp32. Elsewhere both are upcast (exactly) to fp32.
+    """
+    low = a.dtype if a.dtype in LOW_PRECISION else b.dtype
+    acc = softmax_dtype(low)
+    if acc == low:  # fp32, fp64: a plain bmm
+        return torch.bmm(a, b, out=out)
+    direct = out if out is not None and out.dtype == acc else None
+    if a.is_cuda:
+        c = torch.bmm(a.to(low), b.to(low), acc, out=direct)
+    else:
+        c = torch.bmm(a.to(acc), b.to(acc), out=direct)
+    return c if out is None or direct is not None else out.copy_(c)  # rounded once
+
+
+def work_buffers(like: torch.Tensor, numel: int) -> list[torch.Tensor]:
+    """Flat chunk buffers for ``softmax_probs``, in ``softmax_dtype``: the scores, plus the
+    fp32 probabilities when ``like`` is fp16/bf16."""
+    acc = softmax_dtype(like.dtype)
+    return [like.new_empty(numel, dtype=acc) for _ in range(1 + (acc != like.dtype))]
+
+
+def softmax_probs(q, k, bias, scale: float, bufs, p_out):
+    """p_out = softmax(scale * q @ k + bias) over the last dim; q (n, M, D), k (n, D, W).
+
+    ``bias`` (broadcasts to (n, M, W); or None) is 0 or a huge negative, in ``softmax_dtype``.
+    fp32/fp64: one baddbmm, then softmax. fp16/bf16 (as FlashAttention): the scores are
+    summed in fp32 and never rounded; scale, bias and softmax are applied in fp32 and only P
+    is rounded, for P @ V. Uses ``work_buffers`` as scratch.
+    """
+    shape = (q.shape[0], q.shape[1], k.shape[2])  # (n, M, W)
+    numel = shape[0] * shape[1] * shape[2]
+    s = bufs[0][:numel].view(shape)
+    if len(bufs) == 1:
+        if bias is None:  # beta=0: s is only the destination
+            torch.baddbmm(s, q, k, beta=0, alpha=scale, out=s)
+        else:
+            torch.baddbmm(bias, q, k, alpha=scale, out=s)
+        return torch.softmax(s, dim=-1, out=p_out)
+    bmm_acc(q, k, out=s).mul_(scale)  # (n, M, W) fp32
+    if bias is not None:
+        s.add_(bias)
+    return p_out.copy_(torch.softmax(s, dim=-1, out=bufs[1][:numel].view(shape)))
+
+
+def score_grad(p, dp, scale: float):
+    """Gradient of the scores s (P = softmax(scale * s + bias)) from P and dP = dO @ V^T:
+    scale * P * (dP - rowsum(P * dP)), (n, M, W) in ``softmax_dtype``. Consumes ``dp``."""
+    acc = softmax_dtype(p.dtype)
+    p32, dp = p.to(acc), dp.to(acc)  # no copies in fp32
+    delta = (p32 * dp).sum(dim=-1, keepdim=True)  # (n, M, 1)
+    return dp.sub_(delta).mul_(p32).mul_(scale)
+
+
+def _query_blocks(x, plan: WindowPlan, heads_kv: int) -> torch.Tensor:
+    """(B, Hq, Nq, E) -> (B*Hkv, G, nb, Bq, E), rows zero-padded to nb * Bq."""
+    B, Hq, Nq, E = x.shape
+    if plan.padded_q != Nq:
+        x = F.pad(x, (0, 0, 0, plan.padded_q - Nq))  # (B, Hq, nb*Bq, E)
+    return x.reshape(B * heads_kv, Hq // heads_kv, plan.n_blocks, plan.block, E)
+
+
+def _rows(xs, h: int, b0: int, b1: int) -> torch.Tensor:
+    """Query blocks [b0, b1) of K/V head h, its G query heads folded in: (n, G*Bq, E)."""
+    x = xs[h, :, b0:b1]  # (G, n, Bq, E)
+    G, n, bq, E = x.shape
+    return x[0] if G == 1 else x.transpose(0, 1).reshape(n, G * bq, E)
+
+
+def _from_rows(x, plan: WindowPlan, B: int, Hq: int, Nq: int) -> torch.Tensor:
+    """(B*Hkv*nb, G*Bq, E) block rows -> (B, Hq, Nq, E)."""
+    E, nb, bq = x.shape[-1], plan.n_blocks, plan.block
+    Hkv = x.shape[0] // (B * nb)
+    x = x.view(B, Hkv, nb, Hq // Hkv, bq, E).transpose(2, 3).reshape(B, Hq, nb * bq, E)
+    return x[:, :, :Nq]
+
+
+def _add_spans(acc, b0: int, x) -> None:
+    """acc (n_span_blocks, Bq, E) += x (n, W, E), the key spans of query blocks b0, b0+1, ...
+
+    Block b's span starts Bq keys after block b-1's, so column c of it is row c % Bq of span
+    block b + c // Bq: cut the spans into Bq-wide segments; one segment of consecutive blocks
+    lands on consecutive, disjoint span blocks (one in-place add, in acc's dtype)."""
+    n, w, _ = x.shape
+    bq = acc.shape[1]
+    for c0 in range(0, w, bq):
+        c = min(bq, w - c0)
+        t = b0 + c0 // bq
+        acc[t:t + n, :c] += x[:, c0:c0 + c]
+
+
+def _span_keys(acc, plan: WindowPlan, like) -> torch.Tensor:
+    """(B*Hkv, n_span_blocks, Bq, E) sums over span positions -> like's (B, Hkv, Nk, E), in
+    like's dtype (a view of acc, no copy, in fp32 when every key lies inside the spans)."""
+    acc = acc.flatten(1, 2)  # (B*Hkv, span, E): row i is key start0 + i
+    lo = max(plan.start0, 0)  # keys [lo, hi) lie inside the spans
+    hi = max(min(plan.seq_k, plan.start0 + acc.shape[1]), lo)
+    x = acc[:, lo - plan.start0:hi - plan.start0]  # (B*Hkv, hi - lo, E)
+    if hi - lo != plan.seq_k:  # keys no block can see: zero gradient
+        x = F.pad(x, (0, 0, lo, plan.seq_k - hi))  # (B*Hkv, Nk, E)
+    return x.to(like.dtype).view(like.shape)
+
+
+def _chunks(k, v, plan: WindowPlan, bias: WindowBias, per: int):
+    """(h, b0, b1, keys (n, D, W), values (n, W, Dv)) for chunks of at most ``per`` query
+    blocks of one K/V head: the ends (own bias, padded spans) first, then the plain band."""
+    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (B*Hkv, Nk, D), (B*Hkv, Nk, Dv)
+    for r0, r1 in bias.regions(plan.n_blocks):
+        kw = key_windows(kf, plan, r0, r1)  # (B*Hkv, r1 - r0, D, W)
+        vw = key_windows(vf, plan, r0, r1).transpose(-1, -2)  # (B*Hkv, r1 - r0, W, Dv)
+        for h in range(kf.shape[0]):
+            for b0 in range(r0, r1, per):
+                b1 = min(r1, b0 + per)
+                yield h, b0, b1, kw[h, b0 - r0:b1 - r0], vw[h, b0 - r0:b1 - r0]
+
+
+def _blocks_per_chunk(plan: WindowPlan, group: int, chunk_elements: int) -> int:
+    return max(1, chunk_elements // (group * plan.block * plan.width))
+
+
+def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
+                    chunk_elements: int, save_p: bool):
+    """Output (B, Hq, Nq, Dv) and, with ``save_p``, P (B*Hkv*nb, G*Bq, W) for the backward.
+
+    Chunk-sized work buffers serve every chunk (no allocation, and no page faults, per
+    chunk) and each chunk's result goes straight into the output.
+    """
+    B, Hq, Nq, _ = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    G, nb, bq, w = Hq // Hkv, plan.n_blocks, plan.block, plan.width
+    qs = _query_blocks(q, plan, Hkv)  # (B*Hkv, G, nb, Bq, D)
+    per = _blocks_per_chunk(plan, G, chunk_elements)
+    chunk = min(per, nb) * G * bq * w  # scores in the largest chunk
+    bufs = work_buffers(q, chunk)
+    o = q.new_empty(B * Hkv * nb, G * bq, Dv)  # (B*Hkv*nb, G*Bq, Dv)
+    p_all = q.new_empty(B * Hkv * nb, G * bq, w) if save_p else None  # (B*Hkv*nb, G*Bq, W)
+    p_buf = None if save_p else q.new_empty(chunk)
+    for h, b0, b1, kc, vc in _chunks(k, v, plan, bias, per):
+        rows = slice(h * nb + b0, h * nb + b1)
+        n = b1 - b0
+        p_out = p_all[rows] if save_p else p_buf[:n * G * bq * w].view(n, G * bq, w)
+        # softmax(scale * q k^T + bias); the bias is 0 or a huge negative.
+        p = softmax_probs(_rows(qs, h, b0, b1), kc, bias.of(b0, b1), scale, bufs, p_out)
+        torch.bmm(p, vc, out=o[rows])  # (n, G*Bq, Dv)
+    o = _from_rows(o, plan, B, Hq, plan.padded_q)  # (B, Hq, nb*Bq, Dv)
+    if bias.keep is not None:
+        o = o * bias.keep.to(o.dtype)  # rows that see no key output 0
+    return o[:, :, :Nq], p_all  # (B, Hq, Nq, Dv)
+
+
+def _window_backward(q, k, v, p_all, do, plan: WindowPlan, bias: WindowBias, scale: float,
+                     chunk_elements: int):
+    """dq, dk, dv from the saved P, chunk by chunk as in the forward.
+
+    A query row belongs to one block, so each dq row is one matmul, rounded once. A key
+    lies in the spans of up to ceil(W / Bq) blocks: dk and dv are summed over those spans in
+    ``softmax_dtype`` (fp32 for fp16/bf16) and rounded once at the end.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    G, nb, bq = Hq // Hkv, plan.n_blocks, plan.block
+    if bias.keep is not None:  # rows that see no key output 0: nothing flows back from them
+        do = do * bias.keep[:Nq].to(do.dtype)
+    qs = _query_blocks(q, plan, Hkv)  # (B*Hkv, G, nb, Bq, D)
+    dos = _query_blocks(do, plan, Hkv)  # (B*Hkv, G, nb, Bq, Dv)
+    acc = softmax_dtype(q.dtype)
+    span_blocks = nb - 1 + -(-plan.width // bq)  # Bq-wide key blocks the spans cover
+    dk = q.new_zeros(B * Hkv, span_blocks, bq, D, dtype=acc)  # (B*Hkv, span_blocks, Bq, D)
+    dv = q.new_zeros(B * Hkv, span_blocks, bq, Dv, dtype=acc)  # (B*Hkv, span_blocks, Bq, Dv)
+    dq = q.new_empty(B * Hkv * nb, G * bq, D)  # (B*Hkv*nb, G*Bq, D)
+    for h, b0, b1, kc, vc in _chunks(k, v, plan, bias, _blocks_per_chunk(plan, G,
+                                                                          chunk_elements)):
+        rows = slice(h * nb + b0, h * nb + b1)
+        p, doc = p_all[rows], _rows(dos, h, b0, b1)  # (n, G*Bq, W), (n, G*Bq, Dv)
+        _add_spans(dv[h], b0, bmm_acc(p.transpose(1, 2), doc))  # (n, W, Dv)
+        ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n, G*Bq, W)
+        bmm_acc(ds, kc.transpose(1, 2), out=dq[rows])  # (n, G*Bq, D)
+        _add_spans(dk[h], b0, bmm_acc(ds.transpose(1, 2), _rows(qs, h, b0, b1)))  # (n,W,D)
+    return _from_rows(dq, plan, B, Hq, Nq), _span_keys(dk, plan, k), _span_keys(dv, plan, v)
+
+
+class _WindowAttention(torch.autograd.Function):
+    """Saves P (O(N * W)); the backward is ``_window_backward``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan, bias, scale, chunk_elements):
+        o, p_all = _window_forward(q, k, v, plan, bias, scale, chunk_elements, save_p=True)
+        ctx.save_for_backward(q, k, v, p_all)
+        ctx.args = (plan, bias, scale, chunk_elements)
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, v, p_all = ctx.saved_tensors
+        return (*_window_backward(q, k, v, p_all, do, *ctx.args), None, None, None, None)
+
+
 def sliding_window_attention(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
                              chunk_elements: int = 1 << 19) -> torch.Tensor:
     """Blocked local attention. q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv).
@@ -167,53 +388,12 @@ def sliding_window_attention(q, k, v, plan: WindowPlan, bias: WindowBias, scale:
     Work goes in chunks of query blocks of one K/V head, sized so that a chunk's scores hold
     about ``chunk_elements`` elements and stay in cache. The K/V spans are overlapping
     ``unfold`` views of K/V (``bmm`` reads strided batches directly); only the few spans at
-    the sequence ends are copied with zero padding.
+    the sequence ends are copied with zero padding. ``bias`` is best built in
+    ``softmax_dtype`` of the inputs' dtype.
     """
-    B, Hq, Nq, D = q.shape
-    Hkv, Dv = k.shape[1], v.shape[-1]
-    G = Hq // Hkv
-    nb, bq, w = plan.n_blocks, plan.block, plan.width
-    qs = q
-    if plan.padded_q != Nq:
-        qs = F.pad(qs, (0, 0, 0, plan.padded_q - Nq))  # (B, Hq, nb*Bq, D)
-    qs = qs.view(B * Hkv, G, nb, bq, D)  # (B*Hkv, G, nb, Bq, D)
-    kf, vf = k.flatten(0, 1), v.flatten(0, 1)  # (B*Hkv, Nk, D), (B*Hkv, Nk, Dv)
-    per = max(1, chunk_elements // (G * bq * w))  # query blocks per chunk
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    # Without autograd, two chunk-sized work buffers serve every chunk (no allocation, and
-    # no page faults, per chunk) and each chunk's result goes straight into the output.
-    o = None if grad else q.new_empty(B * Hkv * nb, G * bq, Dv)  # (B*Hkv*nb, G*Bq, Dv)
-    if not grad:
-        s_buf = q.new_empty(min(per, nb), G * bq, w)  # scores
-        p_buf = q.new_empty(min(per, nb), G * bq, w)  # probabilities
-    outs: list[list[torch.Tensor]] = [[] for _ in range(B * Hkv)]
-    for r0, r1 in bias.regions(nb):  # ends (own bias, padded spans), then the plain band
-        kw = key_windows(kf, plan, r0, r1)  # (B*Hkv, r1 - r0, D, W)
-        vw = key_windows(vf, plan, r0, r1).transpose(-1, -2)  # (B*Hkv, r1 - r0, W, Dv)
-        for h in range(B * Hkv):
-            for b0 in range(r0, r1, per):
-                b1 = min(r1, b0 + per)
-                n = b1 - b0
-                qc = qs[h, :, b0:b1]  # (G, n, Bq, D)
-                qc = qc[0] if G == 1 else qc.transpose(0, 1).reshape(n, G * bq, D)
-                kc, vc = kw[h, b0 - r0:b1 - r0], vw[h, b0 - r0:b1 - r0]  # (n,D,W), (n,W,Dv)
-                # scale * q k^T + bias in one call; the bias is 0 or a huge negative.
-                if o is None:
-                    s = torch.baddbmm(bias.of(b0, b1), qc, kc, alpha=scale)  # (n, G*Bq, W)
-                    outs[h].append(torch.bmm(torch.softmax(s, dim=-1), vc))  # (n, G*Bq, Dv)
-                else:
-                    s = torch.baddbmm(bias.of(b0, b1), qc, kc, alpha=scale, out=s_buf[:n])
-                    p = torch.softmax(s, dim=-1, out=p_buf[:n])
-                    torch.bmm(p, vc, out=o[h * nb + b0:h * nb + b1])
-    if o is None:
-        flat = [t for head in outs for t in head]  # head-major, blocks in order
-        o = torch.cat(flat) if len(flat) > 1 else flat[0]  # (B*Hkv*nb, G*Bq, Dv)
-    o = o.view(B, Hkv, nb, G, bq, Dv).transpose(2, 3).reshape(B, Hq, nb * bq, Dv)
-    if bias.keep is not None:
-        o = o * bias.keep.to(o.dtype)  # rows that see no key output 0
-    return o[:, :, :Nq]  # (B, Hq, Nq, Dv)
-
-
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _WindowAttention.apply(q, k, v, plan, bias, scale, chunk_elements)
+    return _window_forward(q, k, v, plan, bias, scale, chunk_elements, save_p=False)[0]
 class SlidingWindow(Backend):
     name = "sliding_window"
     description = ("exact local attention, blocked: each query block attends its contiguous "
@@ -230,13 +410,21 @@ class SlidingWindow(Backend):
                     "by design and needs finite L and R"]
         return []
 
+    def work_flops(self, case):
+        """Every block computes Bq x W scores (the band's ragged edge included)."""
+        plan = self.plan(case)
+        pairs = plan.padded_q * plan.width
+        fwd = 2.0 * case.batch * case.heads_q * pairs * (case.head_dim + case.head_dim_v)
+        return fwd * MODE_FLOP_FACTOR[case.mode]
+
     def plan(self, case) -> WindowPlan:
         spec = case.mask_spec
         return window_plan(case.seq_q, case.seq_k, spec.left, spec.right)
 
     def build(self, case, inputs):
         plan = self.plan(case)
-        bias = window_bias(plan, inputs.q.dtype, inputs.q.device, case.group_size)
+        bias = window_bias(plan, softmax_dtype(inputs.q.dtype), inputs.q.device,
+                           case.group_size)
         scale = case.softmax_scale
 
         def sliding_window(q, k, v):
