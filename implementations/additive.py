@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backend import DIFFERENT, Backend, Capabilities, wrap_mode
+from attnbench.case import MODE_FLOP_FACTOR
 from attnbench.dtypes import element_size
 from attnbench.masks import INF, allowed_rows
 from attnbench.reference import chunk_rows, chunked_reference, masked_softmax
@@ -250,6 +251,15 @@ class Additive(Backend):
         if case.additive_dim < 0:
             out.append(f"additive_dim must be >= 0 (0 means head_dim), got {case.additive_dim}")
         return out
+
+    def work_flops(self, case):
+        """Per visible pair: d_a adds (qp_i + kp_j), d_a tanh, d_a multiply-adds with w
+        (counted 4 d_a), plus 2 Dv for P V; the projections 2 (Nq + Nk) D d_a once."""
+        da = case.additive_hidden
+        pairs = case.visible_pairs
+        fwd = pairs * (4.0 * da + 2.0 * case.head_dim_v) + \
+            2.0 * (case.seq_q + case.seq_k) * case.head_dim * da
+        return case.batch * case.heads_q * fwd * MODE_FLOP_FACTOR[case.mode]
 
     def build(self, case, inputs):
         dev = inputs.q.device

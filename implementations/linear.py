@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
+from attnbench.case import MODE_FLOP_FACTOR
 from attnbench.masks import allowed_rows
 from attnbench.reference import RefResult, chunked_reference
 
@@ -298,6 +299,21 @@ class Linear(Backend):
 
     def approximation(self, case):
         return f"kernel feature map {case.feature_map!r} instead of exp(q.k)"
+
+    def work_flops(self, case):
+        """Matmul FLOPs of the formula as computed: features F = D (elu) or m (favor; plus
+        the 2 N D m projections of q and k); non-causal ``phi(K)^T [V,1]`` and
+        ``phi(Q) S``: 2 N F (Dv + 1) each; causal adds the masked C x C products inside a
+        chunk (2 Nq C (F + Dv + 1)). Backward modes scale as the other backends do."""
+        B, H, Nq, Nk = case.batch, case.heads_q, case.seq_q, case.seq_k
+        D, Dv = case.head_dim, case.head_dim_v
+        feats = case.num_features if case.feature_map == "favor" else D
+        fwd = 2.0 * (Nk + Nq) * feats * (Dv + 1)
+        if case.feature_map == "favor":
+            fwd += 2.0 * (Nq + Nk) * D * feats
+        if case.mask_spec.kind == "causal":
+            fwd += 2.0 * Nq * min(CHUNK, Nk) * (feats + Dv + 1)
+        return B * H * fwd * MODE_FLOP_FACTOR[case.mode]
 
     def _projection(self, case, device, dtype):
         return favor_projection(case, device, dtype) if case.feature_map == "favor" else None

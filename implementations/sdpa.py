@@ -1,7 +1,7 @@
 """sdpa: ``torch.nn.functional.scaled_dot_product_attention``, PyTorch choosing the kernel.
 
 Causal with seq_q != seq_k uses ``causal_lower_right`` (bottom-right aligned, as in
-DESIGN.md); windows and block layouts go in as an explicit boolean mask, which
+docs/design.md); windows and block layouts go in as an explicit boolean mask, which
 restricts PyTorch to the kernels that accept a mask.
 
 Which kernel PyTorch picked is recorded per case in the ``kernel`` column: ``prepare``

@@ -57,6 +57,7 @@ def interpreter_mode() -> bool:
 
 class TritonFlash(Backend):
     name = "triton_flash"
+    code_modules = ("attnbench.implementations._triton_flash_kernels",)
     description = ("FlashAttention-2 written in Triton for this suite: fp32 online softmax "
                    "(exp2), recomputing backward, masked-block skipping, GQA without copies, "
                    "autotuned in build")

@@ -7,6 +7,7 @@ and the isolated worker inherits both the path and the variable).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
@@ -97,5 +98,63 @@ class Refuses(Fake):
         raise NotSupported(self.name, ["library refused: head_dim must be a multiple of 8"])
 
 
+class Drift:
+    """A machine that slows down over time by a known factor: ``factor()`` steps up by 0.5
+    every 100 ms from ``restart()``. Each call of a drifting backend lasts ``units`` ms x
+    factor x a random jitter (lognormal, 5%), by busy-waiting to a deadline."""
+
+    step_s = 0.1
+    per_step = 0.5
+    unit_ms = 2.0
+    t0 = time.perf_counter()
+    rng = random.Random(0)
+
+    @classmethod
+    def restart(cls) -> None:
+        cls.t0 = time.perf_counter()
+        cls.rng = random.Random(0)
+
+    @classmethod
+    def factor(cls) -> float:
+        return 1.0 + cls.per_step * int((time.perf_counter() - cls.t0) / cls.step_s)
+
+    @classmethod
+    def hold(cls, units: float, start: float) -> None:
+        deadline = start + units * cls.unit_ms * 1e-3 * cls.factor() * cls.rng.lognormvariate(
+            0.0, 0.05)
+        while time.perf_counter() < deadline:
+            pass
+
+
+class Drifting(Fake):
+    """Exact attention that takes ``units`` drifting milliseconds: two of these have a true
+    time ratio of units_a / units_b at every moment, whatever the drift."""
+
+    units = 1.0
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+        memo = {}
+
+        def f(q, k, v):
+            start = time.perf_counter()
+            if "out" not in memo:  # computed once: later calls are pure (drifting) waiting,
+                memo["out"] = exact(q, k, v)  # with no torch threads to compete with
+            Drift.hold(self.units, start)  # the call lasts units x factor
+            return memo["out"]
+
+        return f
+
+
+class DriftingSlow(Drifting):
+    name = "fake_drift_slow"
+    units = 2.0
+
+
+class DriftingFast(Drifting):
+    name = "fake_drift_fast"
+    units = 1.0
+
+
 BACKENDS = [OomAbove(), Raises(), Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(),
-            Refuses()]
+            Refuses(), DriftingSlow(), DriftingFast()]

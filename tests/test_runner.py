@@ -172,17 +172,22 @@ def test_compare_flags_slower_and_broken_records(status_run, tmp_path, capsys):
 
     from attnbench.cli import main
 
-    new = tmp_path / "r2"
-    shutil.copytree(status_run, new)
-    recs = read_records(new)
-    for r in recs:
-        if r["backend"] == "naive" and r["seq_q"] == 64:
-            r["time_ms_median"] *= 2  # slower
-        if r["backend"] == "naive" and r["seq_q"] == 128:
-            r["status"], r["reason"] = "error", "RuntimeError: boom"
-    (new / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in recs))
-    assert main(["compare", str(status_run), str(status_run), "--fail-on-regression"]) == 0
-    assert main(["compare", str(status_run), str(new), "--fail-on-regression"]) == 1
+    base, new, noise = tmp_path / "r1", tmp_path / "r2", tmp_path / "r3"
+    for run, factor in ((base, 1.0), (new, 2.0), (noise, 1.03)):
+        shutil.copytree(status_run, run)
+        recs = read_records(run)
+        for r in recs:
+            if r["backend"] == "naive" and r["seq_q"] == 64:  # 12 samples, scaled
+                r["samples_ms"] = [factor * (1.0 + 0.01 * i) for i in range(12)]
+                r["time_ms_median"] = factor * 1.055
+            if run == new and r["backend"] == "naive" and r["seq_q"] == 128:
+                r["status"], r["reason"] = "error", "RuntimeError: boom"
+        (run / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["compare", str(base), str(base), "--fail-on-regression"]) == 0
+    assert main(["compare", str(base), str(new), "--fail-on-regression"]) == 1
     out = capsys.readouterr().out
     assert "2 regression(s)" in out
     assert "ok -> error" in out
+    # 3% slower and significant, but within the 10% threshold: no regression
+    assert main(["compare", str(base), str(noise), "--fail-on-regression"]) == 0
+    assert "0 regression(s)" in capsys.readouterr().out

@@ -184,9 +184,9 @@ def test_runner_records_kernel_and_unsupported():
     cache = CaseCache()
     case = Case(heads_q=2, heads_kv=2, seq_q=32, seq_k=32, head_dim=16, head_dim_v=16,
                 mask="causal")
-    rec = execute(case, "sdpa", budget, cache)
+    rec = execute(case, "sdpa", budget, cache).to_row()
     assert rec["status"] == "ok" and rec["kernel"] == "flash_cpu"
-    rec = execute(case, "sdpa_math", budget, cache)
+    rec = execute(case, "sdpa_math", budget, cache).to_row()
     assert rec["status"] == "ok" and rec["kernel"] == "math"
-    rec = execute(case, "sdpa_cudnn", budget, cache)  # a CPU case: never runs
+    rec = execute(case, "sdpa_cudnn", budget, cache).to_row()  # a CPU case: never runs
     assert rec["status"] in ("unavailable", "unsupported") and rec["reason"]

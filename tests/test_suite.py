@@ -151,8 +151,9 @@ expected = [1.8, 2.2]
                          "seq_k": n, "time_ms_median": t})
     table = claims_table(pd.DataFrame(rows), suite.claims)
     assert list(table["verdict"]) == ["holds", "holds"]
-    assert table["measured"][0].startswith("4, 4, 4")
-    assert table["measured"][1].startswith("2 ")
+    measured = table["measured (95% interval)"]
+    assert measured[0].startswith("4, 4, 4")  # no samples: the ratios are points
+    assert measured[1].startswith("2 (")  # no samples: the exponent is a point too
     sided = {"text": "window vs causal", "kind": "ratio", "numerator": "sdpa",
              "denominator": "naive", "numerator_where": {"mask": "causal"},
              "denominator_where": {"mask": "window(3,0)"}}
@@ -162,7 +163,19 @@ expected = [1.8, 2.2]
                                  "time_ms_median": 6.0},
                         shape | {"key": "b", "backend": "naive", "mask": "window(3,0)",
                                  "time_ms_median": 2.0}])
-    assert claims_table(two, [sided])["measured"][0].startswith("3 ")
+    assert claims_table(two, [sided])["measured (95% interval)"][0].startswith("3 ")
+    # with samples, the verdict reads the interval: paired rounds give a tight one
+    sided["expected"] = [2.5]
+    steps = [1.0, 1.5, 2.0, 3.0, 1.2, 2.5, 1.1, 1.8, 2.2, 1.4]  # the machine drifting
+    paired = two.assign(samples_ms=[[6.0 * s for s in steps], [2.0 * s for s in steps]],
+                        pair_group="g")
+    assert claims_table(paired, [sided])["verdict"][0] == "holds"
+    sided["expected"] = [3.5]
+    assert claims_table(paired, [sided])["verdict"][0] == "does not hold"
+    # the same samples timed apart (no pair group): the bootstrap interval straddles 2.5
+    sided["expected"] = [2.5]
+    apart = paired.assign(pair_group=[None, None])
+    assert claims_table(apart, [sided])["verdict"][0] == "inconclusive"
     bad = GOOD + '[[claim]]\ntext = "x"\nkind = "guess"\n'
     with pytest.raises(BadInput, match=r"claim\[0\].kind = 'guess': allowed: ratio, value"):
         load_suite(str(write_suite(bad, "bad.toml")), KNOWN)

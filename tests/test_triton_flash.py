@@ -274,7 +274,7 @@ def test_runner_records_ok_with_kernel_extras():
 
     case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=17, seq_k=17, head_dim=16, head_dim_v=16,
                 device=DEVICE, mask="causal", mode="bwd")
-    rec = execute(case, "triton_flash", TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache())
+    rec = execute(case, "triton_flash", TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache()).to_row()
     assert rec["status"] == "ok", rec.get("reason")
     assert rec["err_impl_dk_rel"] < 5 * FP32_TOL
     assert rec["kernel"].startswith("triton_flash[causal] fwd=")

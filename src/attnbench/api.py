@@ -1,4 +1,5 @@
-"""The stable public Python API (DESIGN.md): list_backends, attention, reference, load_results."""
+"""The stable public Python API (docs/design.md): list_backends, attention, reference,
+load_results."""
 
 from __future__ import annotations
 

@@ -11,10 +11,12 @@ class turns that into the zero-argument closure that is timed, for each mode:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from .case import MODES, Case, Inputs
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 ALL_MASKS = ("none", "causal", "window", "block_sparse")
 
-# What a backend claims to compute (DESIGN.md, "Semantics").
+# What a backend claims to compute (docs/design.md, "Semantics").
 EXACT = "exact"  # the case's softmax attention
 APPROXIMATE = "approximate"  # approximates it (err_vs_softmax is its approximation error)
 DIFFERENT = "different"  # another function altogether (err_vs_softmax left empty)
@@ -110,6 +112,27 @@ class Backend:
                                                              torch.Tensor], torch.Tensor]:
         """Do all setup and return a differentiable ``f(q, k, v) -> out`` (B, Hq, Nq, Dv)."""
         raise NotImplementedError
+
+    # Modules besides the backend's own whose code decides its numbers (e.g. its kernels).
+    code_modules: tuple[str, ...] = ()
+
+    def code_hash(self) -> str:
+        """Short hash of the backend's source (its module and ``code_modules``), so a
+        comparison across commits can tell when the backend itself changed."""
+        h = hashlib.sha256()
+        for name in (type(self).__module__, *self.code_modules):
+            try:  # read the file without importing it (kernel modules import lazily)
+                spec = importlib.util.find_spec(name)
+                h.update(Path(spec.origin).read_bytes())
+            except (AttributeError, OSError, TypeError, ImportError, ValueError):
+                h.update(name.encode())
+        return h.hexdigest()[:12]
+
+    def work_flops(self, case: Case) -> float:
+        """FLOPs this backend performs for the case: the rate (tflops) is computed from it.
+        Exact backends do the visible pairs' work; others override (computed tiles,
+        feature maps, additive scores)."""
+        return case.flops
 
     def approximation(self, case: Case) -> str:
         """How this backend departs from the case's softmax attention (e.g. the block layout

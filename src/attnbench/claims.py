@@ -12,16 +12,18 @@ A suite may carry ``[[claim]]`` tables (data, like the rest of the suite):
   cases (seq_q = seq_k).
 
 ``expected = [low, high]`` is the range the claim asserts, ``[low]`` means "at least".
-The report prints claim, expectation, measurement and verdict side by side.
+Each measurement carries its 95% interval (a ratio of records timed in the same
+interleaved rounds: from the per-round ratios; otherwise a bootstrap of the ratio of
+medians), and the verdict is ``holds`` (the interval inside the range), ``does not hold``
+(outside) or ``inconclusive`` (it straddles a bound). The report prints them side by side.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
+from . import stats
 from .errors import BadInput
 
 CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denominator",
@@ -65,19 +67,85 @@ def validate_claims(raw, path) -> list[dict]:
     return out
 
 
+def _values(v) -> list:
+    return v if isinstance(v, list) else [v]
+
+
+def side_matches(claim: dict, side: str, case, backend: str) -> bool:
+    """Whether job (case, backend) is on a ratio claim's ``side`` (numerator/denominator)."""
+    if backend != claim.get(side):
+        return False
+    where = claim.get("where", {}) | claim.get(f"{side}_where", {})
+    for k, v in where.items():
+        if k == "seq_len":
+            if case.seq_q not in _values(v) or case.seq_k not in _values(v):
+                return False
+        elif getattr(case, k, None) not in _values(v):
+            return False
+    return True
+
+
 def _select(df: pd.DataFrame, where: dict, backend: str) -> pd.DataFrame:
     d = df[(df["backend"] == backend) & (df["status"] == "ok")]
     for k, v in where.items():
         col = "seq_q" if k == "seq_len" else k
-        values = v if isinstance(v, list) else [v]
-        d = d[d[col].isin(values)]
+        d = d[d[col].isin(_values(v))]
         if k == "seq_len":
-            d = d[d["seq_k"].isin(values)]
+            d = d[d["seq_k"].isin(_values(v))]
     return d
 
 
-def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[float], str]:
-    """The measured values of a claim (one per matching case, or one exponent) and a note."""
+def _samples(row, suffix: str = "") -> list[float]:
+    s = row.get(f"samples_ms{suffix}")
+    return list(s) if isinstance(s, (list, tuple)) else []
+
+
+def _ratio_interval(row, metric: str) -> stats.Interval:
+    """Paired when both records come from the same interleaved rounds; else a bootstrap of
+    the ratio of medians; a point when the metric has no samples (e.g. memory)."""
+    a, b = _samples(row, "_a"), _samples(row, "_b")
+    value = float(row[f"{metric}_a"]) / float(row[f"{metric}_b"])
+    if metric == "time_ms_median" and a and b:
+        paired = (row.get("pair_group_a") is not None
+                  and row.get("pair_group_a") == row.get("pair_group_b") and len(a) == len(b))
+        return stats.paired_ratio_interval(a, b) if paired else stats.ratio_interval(a, b)
+    return stats.Interval(value, value, value, 1.0, 1, "point")
+
+
+def _value_interval(row, metric: str, scale: float) -> stats.Interval:
+    samples = _samples(row)
+    if metric == "time_ms_median" and samples:
+        iv = stats.median_interval(samples)
+        return stats.Interval(iv.estimate * scale, iv.low * scale, iv.high * scale,
+                              iv.confidence, iv.n, iv.method)
+    value = float(row[metric]) * scale
+    return stats.Interval(value, value, value, 1.0, 1, "point")
+
+
+def _exponent_interval(d: pd.DataFrame, n_boot: int = 400) -> stats.Interval | None:
+    """Slope of log(median time) over log(N), with a bootstrap over each size's samples."""
+    by_n = {}
+    for n, g in d.groupby("seq_q"):
+        samples = [x for _, r in g.iterrows() for x in _samples(r)]
+        by_n[int(n)] = np.asarray(samples or list(g["time_ms_median"]), dtype=float)
+    if len(by_n) < 3:
+        return None
+    ns = np.log(np.array(sorted(by_n), dtype=float))
+    meds = np.log([np.median(by_n[n]) for n in sorted(by_n)])
+    slope = float(np.polyfit(ns, meds, 1)[0])
+    rng = np.random.default_rng(0)
+    boots = []
+    for _ in range(n_boot):
+        m = [np.median(rng.choice(by_n[n], size=len(by_n[n]))) for n in sorted(by_n)]
+        boots.append(np.polyfit(ns, np.log(m), 1)[0])
+    low, high = np.quantile(boots, [0.025, 0.975])
+    return stats.Interval(slope, float(min(low, slope)), float(max(high, slope)), 0.95,
+                          len(by_n), "bootstrap")
+
+
+def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[stats.Interval], str]:
+    """The measured values of a claim with their intervals (one per matching case, or one
+    exponent) and a note."""
     metric = claim.get("metric", "time_ms_median")
     where = claim.get("where", {})
     kind = claim["kind"]
@@ -86,43 +154,56 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[float], str]:
         on = SHAPE if sided else ["key"]
         a = _select(df, where | claim.get("numerator_where", {}), claim["numerator"])
         b = _select(df, where | claim.get("denominator_where", {}), claim["denominator"])
-        j = a[on + [metric]].merge(b[on + [metric]], on=on, suffixes=("_a", "_b"))
-        return [float(x) for x in j[f"{metric}_a"] / j[f"{metric}_b"]], f"{len(j)} case(s)"
+        extra = [c for c in ("samples_ms", "pair_group") if c in df.columns]
+        j = a[on + [metric] + extra].merge(b[on + [metric] + extra], on=on,
+                                           suffixes=("_a", "_b"))
+        return [_ratio_interval(r, metric) for _, r in j.iterrows()], f"{len(j)} case(s)"
     d = _select(df, where, claim["backend"])
     if kind == "value":
-        return [float(x) * float(claim.get("scale", 1.0)) for x in d[metric]], \
-            f"{len(d)} case(s)"
-    d = d[d["seq_q"] == d["seq_k"]].groupby("seq_q")["time_ms_median"].median()
-    if len(d) < 3:
-        return [], f"needs >= 3 sizes, found {len(d)}"
-    slope = float(np.polyfit(np.log(d.index.values.astype(float)), np.log(d.values), 1)[0])
-    return [slope], f"N = {d.index.min()}..{d.index.max()}"
+        scale = float(claim.get("scale", 1.0))
+        return [_value_interval(r, metric, scale) for _, r in d.iterrows()], f"{len(d)} case(s)"
+    d = d[d["seq_q"] == d["seq_k"]]
+    iv = _exponent_interval(d)
+    if iv is None:
+        return [], f"needs >= 3 sizes, found {d['seq_q'].nunique()}"
+    return [iv], f"N = {d['seq_q'].min()}..{d['seq_q'].max()}"
 
 
-def verdict(values: list[float], expected) -> str:
-    if not values:
+def verdict(intervals: list[stats.Interval], expected) -> str:
+    """holds / does not hold / inconclusive (an interval straddles a bound), over cases."""
+    if not intervals:
         return "not measured"
     if not expected:
         return "recorded"
     low = expected[0]
-    high = expected[1] if len(expected) > 1 else math.inf
-    inside = [low <= v <= high for v in values]
-    if all(inside):
-        return "holds"
-    return "does not hold" if not any(inside) else "holds for some cases"
+    high = expected[1] if len(expected) > 1 else None
+    each = {stats.interval_verdict(iv, low, high) for iv in intervals}
+    if len(each) == 1:
+        return each.pop()
+    if each == {"holds", "does not hold"}:
+        return "holds for some cases"
+    return "inconclusive"
+
+
+def _fmt(iv: stats.Interval) -> str:
+    if iv.low == iv.high:
+        return f"{iv.estimate:.3g}"
+    conf = "" if iv.confidence >= 0.95 else f", {iv.confidence:.0%}"
+    paired = " paired" if iv.method.startswith("paired") else ""
+    return f"{iv.estimate:.3g} [{iv.low:.3g}, {iv.high:.3g}{conf}{paired}]"
 
 
 def claims_table(df: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
     rows = []
     for c in claims:
-        values, note = measure_claim(df, c)
+        intervals, note = measure_claim(df, c)
         exp = c.get("expected")
         exp_text = "" if not exp else (f"{exp[0]:g}..{exp[1]:g}" if len(exp) > 1
                                        else f">= {exp[0]:g}")
         unit = c.get("unit", "")
-        measured = ", ".join(f"{v:.3g}" for v in values) if values else "-"
+        measured = ", ".join(_fmt(iv) for iv in intervals) if intervals else "-"
         rows.append({"claim": c["text"], "source": c.get("source", ""),
                      "expected": f"{exp_text} {unit}".strip(),
-                     "measured": f"{measured} {unit}".strip() + f" ({note})",
-                     "verdict": verdict(values, exp)})
+                     "measured (95% interval)": f"{measured} {unit}".strip() + f" ({note})",
+                     "verdict": verdict(intervals, exp)})
     return pd.DataFrame(rows)

@@ -118,24 +118,38 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import join_runs, regressions
-    from .records import load_results
+    from . import metrics
+    from .compare import decide, environment_difference, join_runs, regressions
+    from .records import load_results, read_meta
 
+    try:
+        metric = metrics.get(args.metric)
+    except KeyError:
+        raise BadInput(f"--metric {args.metric}: not a declared metric; allowed: "
+                       f"{', '.join(metrics.NAMES)}") from None
+    if metric.better == metrics.NEUTRAL:
+        raise BadInput(f"--metric {args.metric}: a count with no better direction; allowed: "
+                       f"{', '.join(m.name for m in metrics.METRICS if m.better != 'neutral')}")
     base, new = load_results(args.base), load_results(args.new)
     for name, df in (("base", base), ("new", new)):
         if args.metric not in df.columns:
-            raise BadInput(f"--metric {args.metric}: not a column of the {name} run; allowed: "
-                           f"time_ms_median, time_ms_min, tflops, peak_mem_bytes, ...")
-    joined = join_runs(base, new, args.metric)
-    shown = joined.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
-    with_cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio"]
-    print(shown[with_cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    bad = regressions(joined, args.metric, args.threshold)
-    print(f"\n{len(joined)} joined records, {len(shown)} with the metric in both runs, "
-          f"{len(bad)} regression(s) beyond {args.threshold:.0%}")
+            raise BadInput(f"--metric {args.metric}: no record of the {name} run has it")
+    diff = environment_difference(read_meta(args.base), read_meta(args.new))
+    if diff:
+        print("environment differs: " + "; ".join(diff) + "\n")
+    decided = decide(join_runs(base, new, args.metric), args.metric, args.threshold)
+    shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
+    cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio",
+            "ratio_low", "ratio_high", "p_value", "change", "code_changed"]
+    print(shown[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    bad = regressions(decided)
+    print(f"\n{len(decided)} joined records, {len(shown)} with the metric in both runs, "
+          f"{len(bad)} regression(s) ({metric.better} is better; significant at p < 0.05 "
+          f"and beyond {args.threshold:.0%})")
     for _, r in bad.iterrows():
+        code = " (backend code changed)" if r["code_changed"] else ""
         print(f"  REGRESSION {r['backend']} {r['key']}: {r['status_base']} -> "
-              f"{r['status_new']}, ratio {r['ratio']:.3g}")
+              f"{r['status_new']}, ratio {r['ratio']:.3g}{code}")
     return 1 if (args.fail_on_regression and not bad.empty) else 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import socket
@@ -94,6 +96,17 @@ def collect(device: str) -> dict:
         except (OSError, subprocess.SubprocessError):
             pass
     return env
+
+
+# What makes two environments different for measuring: not the host name or the dirty flag.
+ID_FIELDS = ("device_name", "cpu_capability", "threads", "torch", "triton", "xformers",
+             "numpy", "cuda", "driver", "git_commit", "omp_wait_policy")
+
+
+def env_id(env: dict) -> str:
+    """Short stable hash of the fields that decide a measurement's environment."""
+    text = json.dumps({k: env.get(k) for k in ID_FIELDS}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 # The few environment fields copied into every record, so a row stands on its own.

@@ -1,45 +1,63 @@
-"""Run one (case, backend) job and turn what happens into a record.
+"""Run (case, backend) jobs and turn what happens into records.
 
-Order: availability, support, inputs, setup (``prepare``), one checked call against the
-float64 evaluation, timing, then a separate call for peak memory. Every exception is
+A job group (the backends of one problem, or the two sides of a claim) runs together:
+for each job availability, support, inputs, setup (``prepare``) and one checked call
+against the float64 evaluation; then the jobs that got that far are timed together in
+interleaved rounds (``timing.measure_interleaved``), so a ratio between them comes from
+paired samples; then each gets a separate call for peak memory. Every exception is
 classified into a status; none escapes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from dataclasses import dataclass
 
 import torch
 
-from . import accuracy
-from .backend import DIFFERENT, EXACT, Backend
-from .case import Case
+from . import accuracy, probe
+from .backend import DIFFERENT, EXACT, Backend, Prepared
+from .case import Case, Inputs
 from .errors import NotSupported
 from .memory import peak_memory_bytes
+from .record import Record
 from .reference import RefResult, case_reference
 from .registry import get_backend
-from .timing import TimingBudget, measure
+from .timing import TimingBudget, measure_interleaved
+
+
+def inputs_key(case: Case) -> tuple:
+    """What a case's inputs depend on: shape, dtype, device, seed, and whether a grad_out is
+    needed; not the mask or the backend, so one set serves every mask and backend."""
+    return (case.batch, case.heads_q, case.heads_kv, case.seq_q, case.seq_k, case.head_dim,
+            case.head_dim_v, case.dtype, case.device, case.seed, case.needs_grad)
 
 
 class CaseCache:
-    """Inputs and the exact reference of the current case, shared by all its backends."""
+    """Inputs and exact references of the current job group, shared by all its backends."""
 
     def __init__(self):
-        self.key = None
-        self.inputs = None
-        self.reference: RefResult | None = None
+        self.inputs: dict[tuple, Inputs] = {}
+        self.references: dict[str, RefResult] = {}
 
-    def inputs_for(self, case: Case):
-        if self.key != case.key:
-            self.key, self.reference = case.key, None
-            self.inputs = None  # free the last case's tensors before making this one's
-            self.inputs = case.make_inputs()
-        return self.inputs
+    def keep_only(self, cases: list[Case]) -> None:
+        """Free what the next group does not need before it makes its own."""
+        want = {inputs_key(c) for c in cases}
+        self.inputs = {k: v for k, v in self.inputs.items() if k in want}
+        keys = {c.key for c in cases}
+        self.references = {k: v for k, v in self.references.items() if k in keys}
+
+    def inputs_for(self, case: Case) -> Inputs:
+        key = inputs_key(case)
+        if key not in self.inputs:
+            self.inputs[key] = case.make_inputs()
+        return self.inputs[key]
 
     def reference_for(self, case: Case) -> RefResult:
-        if self.reference is None:
-            self.reference = case_reference(case, self.inputs_for(case))
-        return self.reference
+        if case.key not in self.references:
+            self.references[case.key] = case_reference(case, self.inputs_for(case))
+        return self.references[case.key]
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
@@ -56,43 +74,55 @@ def is_oom(exc: BaseException) -> bool:
                                               or "can't allocate memory" in text)
 
 
-def base_record(case: Case, backend: str) -> dict:
-    return {"key": case.key, "backend": backend, **case.to_dict()}
+def failure(record: Record, exc: BaseException) -> Record:
+    if isinstance(exc, NotSupported):
+        return record.update(status="unsupported", reason="; ".join(exc.reasons))
+    return record.update(status="oom" if is_oom(exc) else "error", reason=one_line(exc))
 
 
-def execute(case: Case, backend_name: str, budget: TimingBudget, cache: CaseCache) -> dict:
-    record = base_record(case, backend_name)
+@dataclass
+class Candidate:
+    """A job that passed its checked call and waits to be timed."""
+
+    record: Record
+    backend: Backend
+    prepared: Prepared
+    inputs: Inputs
+
+
+def _open(case: Case, backend_name: str, cache: CaseCache) -> Record | Candidate:
+    """Everything before timing: a final (non-ok) record, or a candidate."""
+    record = Record.new(case, backend_name, "ok")
     try:
         backend = get_backend(backend_name)
     except KeyError as exc:
-        return record | {"status": "unavailable", "reason": str(exc).strip("'\"")}
-    record["semantics"] = backend.semantics
+        return record.update(status="unavailable", reason=str(exc).strip("'\""))
+    record.update(semantics=backend.semantics, backend_hash=backend.code_hash())
     ok, why = backend.is_available()
     if not ok:
-        return record | {"status": "unavailable", "reason": why}
+        return record.update(status="unavailable", reason=why)
     reasons = backend.not_supported_reasons(case)
     if reasons:
-        return record | {"status": "unsupported", "reason": "; ".join(reasons)}
+        return record.update(status="unsupported", reason="; ".join(reasons))
     try:
-        record |= _measure(case, backend, budget, cache)
-    except NotSupported as exc:
-        record |= {"status": "unsupported", "reason": "; ".join(exc.reasons)}
+        inputs = cache.inputs_for(case)
+        t0 = time.perf_counter()
+        prepared = backend.prepare(case, inputs)
+        record.update(setup_s=time.perf_counter() - t0)
+        _check(record, backend, prepared, inputs, cache)
     except Exception as exc:  # classify, record, and let the sweep go on
-        status = "oom" if is_oom(exc) else "error"
-        record |= {"status": status, "reason": one_line(exc)}
-    finally:
-        if torch.device(case.device).type == "cuda":
-            torch.cuda.empty_cache()
-    return record
+        return failure(record, exc)
+    for key in ("kernel", "compile_s"):
+        if key in prepared.extras:
+            record.update(**{key: prepared.extras[key]})
+    return Candidate(record, backend, prepared, inputs)
 
 
-def _measure(case: Case, backend: Backend, budget: TimingBudget, cache: CaseCache) -> dict:
-    inputs = cache.inputs_for(case)
-    t0 = time.perf_counter()
-    prepared = backend.prepare(case, inputs)
-    setup_s = time.perf_counter() - t0
+def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
+           cache: CaseCache) -> None:
+    """One call against the float64 evaluation: error columns and the ok/wrong verdict."""
+    case = record.case
     outputs = prepared.outputs(prepared.fn())
-
     impl_ref = backend.impl_reference(case, inputs)
     exact_ref = cache.reference_for(case) if (impl_ref is None
                                               or backend.semantics != DIFFERENT) else None
@@ -104,33 +134,106 @@ def _measure(case: Case, backend: Backend, budget: TimingBudget, cache: CaseCach
     else:
         soft_cols = accuracy.error_columns("err_vs_softmax", outputs, exact_ref.as_dict())
     wrong = accuracy.verdict(outputs, impl_cols, case.dtype)
-    del outputs
+    record.update(**impl_cols, **soft_cols)
+    if wrong:
+        record.update(status="wrong", reason=wrong)
 
-    timing = measure(prepared.fn, case.device, budget, warm=True)
-    peak = peak_memory_bytes(prepared.fn, case.device)
-    sec = timing.median_ms * 1e-3
-    rec = {
-        "status": "wrong" if wrong else "ok",
-        "reason": wrong or "",
+
+def _timing_columns(cand: Candidate, timing, budget: TimingBudget) -> dict:
+    case, sec = cand.record.case, timing.median_ms * 1e-3
+    interval = timing.interval
+    work = cand.backend.work_flops(case)
+    cols = {
         "time_ms_median": timing.median_ms,
+        "time_ms_ci_low": interval.low,
+        "time_ms_ci_high": interval.high,
+        "time_ci_confidence": interval.confidence,
         "time_ms_iqr": timing.iqr_ms,
         "time_ms_min": timing.min_ms,
         "time_cv": timing.cv,
         "n_samples": len(timing.samples_ms),
         "samples_ms": timing.samples_ms,
-        "tflops": case.flops / sec / 1e12,
+        "sampling_stop": timing.stop,
+        "tflops": work / sec / 1e12,
         "tflops_dense": case.flops_dense / sec / 1e12,
         "gbps": case.bytes / sec / 1e9,
-        "peak_mem_bytes": peak,
-        "input_bytes": inputs.nbytes,
-        "setup_s": setup_s,
+        "work_flops": work,
         "flops": case.flops,
         "flops_dense": case.flops_dense,
         "density": case.density,
-        **impl_cols,
-        **soft_cols,
+        "input_bytes": cand.inputs.nbytes,
     }
-    for key in ("kernel", "compile_s"):
-        if key in prepared.extras:
-            rec[key] = prepared.extras[key]
-    return rec
+    if timing.probe_gflops:
+        cols["probe_gflops"] = sorted(timing.probe_gflops)[len(timing.probe_gflops) // 2]
+        spread = probe.spread(timing.probe_gflops)
+        if spread is not None:
+            cols["probe_spread"] = spread
+            cols["noisy"] = spread > budget.noise_threshold
+    return cols
+
+
+def group_id(jobs: list[tuple[Case, str]]) -> str:
+    text = "|".join(f"{c.key}/{b}" for c, b in jobs)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: CaseCache,
+                  drift: probe.DriftProbe | None = None, progress=lambda: None
+                  ) -> list[Record]:
+    """Records for jobs timed together; sample i of every ok record comes from round i.
+    ``progress()`` is called after each job's setup and after timing (a heartbeat: the
+    isolated worker's parent restarts its per-job timeout on each)."""
+    cache.keep_only([c for c, _ in jobs])
+    opened = []
+    for case, backend in jobs:
+        opened.append(_open(case, backend, cache))
+        progress()
+    timed = [c for c in opened if isinstance(c, Candidate)]
+    if timed:
+        device = timed[0].record.case.device
+        try:
+            timings = measure_interleaved([c.prepared.fn for c in timed], device, budget,
+                                          probe=drift, warm=True)
+        except Exception as exc:  # a closure failed mid-rounds: time each on its own
+            if len(timed) == 1:
+                failure(timed[0].record, exc)
+                timed, timings = [], []
+            else:
+                timings = None
+        progress()
+        if timings is None:
+            for cand in timed:
+                cand.record.update(**_time_alone(cand, budget, drift))
+                progress()
+        else:
+            pair = group_id(jobs) if len(timed) > 1 else None
+            for cand, timing in zip(timed, timings):
+                cand.record.update(**_timing_columns(cand, timing, budget))
+                if pair:
+                    cand.record.update(pair_group=pair, paired_with=len(timed) - 1)
+        for cand in timed:
+            if cand.record.status in ("ok", "wrong") and "time_ms_median" in cand.record.metrics:
+                try:
+                    cand.record.update(peak_mem_bytes=peak_memory_bytes(cand.prepared.fn,
+                                                                        device))
+                except Exception as exc:
+                    failure(cand.record, exc)
+    if jobs and torch.device(jobs[0][0].device).type == "cuda":
+        torch.cuda.empty_cache()
+    return [c.record if isinstance(c, Candidate) else c for c in opened]
+
+
+def _time_alone(cand: Candidate, budget: TimingBudget, drift) -> dict:
+    try:
+        timing = measure_interleaved([cand.prepared.fn], cand.record.case.device, budget,
+                                     probe=drift, warm=True)[0]
+    except Exception as exc:
+        failure(cand.record, exc)
+        return {}
+    return _timing_columns(cand, timing, budget)
+
+
+def execute(case: Case, backend_name: str, budget: TimingBudget, cache: CaseCache,
+            drift: probe.DriftProbe | None = None) -> Record:
+    """One job on its own (a group of one)."""
+    return execute_group([(case, backend_name)], budget, cache, drift)[0]

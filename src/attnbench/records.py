@@ -8,21 +8,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import metrics
 from .errors import BadInput
+from .record import IDENTITY_COLUMNS, STATUSES  # noqa: F401  (STATUSES re-exported)
 
-STATUSES = ("ok", "unavailable", "unsupported", "oom", "skipped", "error", "crashed",
-            "timeout", "wrong")
 RECORDS = "records.jsonl"
 META = "meta.json"
 CSV = "results.csv"
 
-# Columns every record has, in this order at the front of results.csv.
-LEADING_COLUMNS = [
-    "run_id", "key", "backend", "status", "reason", "batch", "heads_q", "heads_kv", "seq_q",
-    "seq_k", "head_dim", "head_dim_v", "dtype", "device", "mask", "mode", "seed",
-    "time_ms_median", "time_ms_iqr", "time_ms_min", "time_cv", "n_samples", "tflops",
-    "tflops_dense", "gbps", "frac_matmul", "frac_bandwidth", "peak_mem_bytes",
-]
+# results.csv's column order: identity, then the declared metrics, then everything else.
+LEADING_COLUMNS = [*IDENTITY_COLUMNS, *metrics.NAMES]
 
 
 def _clean(value):

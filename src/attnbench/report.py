@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from pathlib import Path
 
 import matplotlib
@@ -18,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import records, tables  # noqa: E402
+from . import metrics, records, tables  # noqa: E402
 from .claims import claims_table  # noqa: E402
 
 GROUP = ["dtype", "mask", "mode"]
@@ -38,17 +37,33 @@ def scaling_exponents(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _plot_group(g: pd.DataFrame, title: str, path: Path) -> bool:
+def _line_label(key, names: list[str]) -> str:
+    key = key if isinstance(key, tuple) else (key,)
+    return " ".join(str(v) if n == "backend" else f"{n}={v}" for n, v in zip(names, key))
+
+
+def _plot_group(g: pd.DataFrame, title: str, path: Path, lines: list[str]) -> bool:
+    """Time (with its 95% interval as error bars) and peak memory over N, one line per
+    ``tables.line_columns`` line: a knob sweep draws a line per knob value."""
     ok = g[g["status"].isin(["ok", "wrong"])]
     if ok.empty:
         return False
+    names = [c for c in lines if c not in GROUP]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for backend, b in ok.groupby("backend"):
+    for key, b in ok.groupby(names, dropna=False):
         b = b.sort_values("seq_q")
-        axes[0].plot(b["seq_q"], b["time_ms_median"], marker="o", label=backend)
+        label = _line_label(key, names)
+        t = b["time_ms_median"]
+        if {"time_ms_ci_low", "time_ms_ci_high"} <= set(b.columns):
+            err = [(t - b["time_ms_ci_low"]).clip(lower=0).fillna(0),
+                   (b["time_ms_ci_high"] - t).clip(lower=0).fillna(0)]
+            axes[0].errorbar(b["seq_q"], t, yerr=err, marker="o", capsize=2, label=label)
+        else:
+            axes[0].plot(b["seq_q"], t, marker="o", label=label)
         if b["peak_mem_bytes"].notna().any():
-            axes[1].plot(b["seq_q"], b["peak_mem_bytes"] / 2**20, marker="o", label=backend)
-    for ax, ylabel in zip(axes, ["median time (ms)", "peak memory above inputs (MiB)"]):
+            axes[1].plot(b["seq_q"], b["peak_mem_bytes"] / 2**20, marker="o", label=label)
+    for ax, ylabel in zip(axes, ["median time (ms), 95% interval", "peak memory above inputs "
+                                                                     "(MiB)"]):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length N")
@@ -62,8 +77,34 @@ def _plot_group(g: pd.DataFrame, title: str, path: Path) -> bool:
     return True
 
 
-def _fmt_mib(x) -> str:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x / 2**20:.1f}"
+def steadiness(meta: dict) -> str:
+    """How steady the machine was during the run, from the drift probe."""
+    p = meta.get("probe") or {}
+    if not p.get("n"):
+        return "Drift probe: not recorded in this run."
+    return (f"Drift probe (a fixed matmul timed between rounds): "
+            f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s over the run "
+            f"(spread {p['spread']:.0%} of its median {p['gflops_median']:.3g}); "
+            f"{p.get('noisy_records', 0)} record(s) flagged noisy (probe moved more than "
+            f"{p.get('noise_threshold', 0):.0%} while they were measured; marked ~ in "
+            f"tables).")
+
+
+def ceiling_check(df: pd.DataFrame) -> str | None:
+    """Records above 100% of a measured ceiling mean the ceiling itself was low."""
+    over = []
+    for col, what in (("frac_matmul", "matmul rate"), ("frac_bandwidth", "copy bandwidth")):
+        if col in df.columns:
+            bad = df[(df["status"] == "ok") & (df[col] > 1.0)]
+            if not bad.empty:
+                over.append(f"{len(bad)} record(s) exceed the measured {what} (up to "
+                            f"{bad[col].max():.0%})")
+    if not over:
+        return None
+    return ("**Ceiling check failed**: " + "; ".join(over) + ". The ceiling measured at the "
+            "start of the run was lower than what backends reached later (the machine was "
+            "slower then, or the ceiling's workload is not the device's best); read those "
+            "fractions as relative only.")
 
 
 def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
@@ -88,6 +129,7 @@ def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
             blocks.append(("p", f"Measured ceilings: matmul TFLOP/s {mm}; copy bandwidth "
                                 f"{ceil.get('copy_gbps', 0):.3g} GB/s."))
         blocks.append(("p", f"Records: {tables.status_counts(df)}."))
+        blocks.append(("p", steadiness(meta)))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if df.empty:
         return blocks + [("p", "No records.")]
@@ -97,37 +139,27 @@ def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
         blocks.append(("p", "Each claim is data in the suite; the measurement is computed from "
                             "this run's ok records (ratios per case, exponents fitted over N)."))
         blocks.append(("table", claims_table(df, claims).set_index("claim")))
-    multi_run = df["run_id"].nunique() > 1
-    lines = (["run_id"] if multi_run else []) + tables.LINE_COLUMNS
-
-    blocks.append(("h2", "Median time (ms)"))
-    blocks.append(("p", "Rows: dtype, mask, mode, backend; columns: sequence length "
-                        "(seq_q/seq_k when they differ). Non-ok cells show the status."))
-    blocks.append(("table", tables.pivot(df, "time_ms_median", ".4g", lines)))
-    blocks.append(("h2", "Throughput (TFLOP/s over the pairs the mask lets through)"))
-    blocks.append(("table", tables.pivot(df, "tflops", ".3g", lines)))
-    if "frac_matmul" in df.columns:
-        blocks.append(("h2", "Fraction of this device's measured matmul rate"))
-        blocks.append(("table", tables.pivot(df, "frac_matmul", ".1%", lines)))
-    if "peak_mem_bytes" in df.columns:
-        blocks.append(("h2", "Peak memory above inputs (MiB)"))
-        d = df.copy()
-        d["peak_mib"] = d["peak_mem_bytes"] / 2**20
-        blocks.append(("table", tables.pivot(d, "peak_mib", ".4g", lines)))
-    if "err_impl_out_rel" in df.columns:
-        blocks.append(("h2", "Error of the output against its float64 evaluation (relative L2)"))
-        blocks.append(("table", tables.pivot(df, "err_impl_out_rel", ".2e", lines)))
-    if "err_vs_softmax_out_rel" in df.columns and "semantics" in df.columns:
-        approx = df[df["semantics"] == "approximate"]
-        if not approx.empty:
-            blocks.append(("h2", "Approximation error against exact softmax (relative L2)"))
-            blocks.append(("table", tables.pivot(approx, "err_vs_softmax_out_rel", ".2e",
-                                                 lines)))
+    lines = tables.line_columns(df)
+    over = ceiling_check(df)
+    if over:
+        blocks.append(("p", over))
+    for m in metrics.tabulated():
+        if m.name not in df.columns or df[m.name].isna().all():
+            continue
+        d = df
+        if m.name.startswith("err_vs_softmax") and "semantics" in df.columns:
+            d = df[df["semantics"] == "approximate"]
+            if d.empty:
+                continue
+        blocks.append(("h2", f"{m.section} ({m.shown_unit})"))
+        blocks.append(("p", f"{m.how}. Rows: {', '.join(lines)}; columns: sequence length "
+                            f"(seq_q/seq_k when they differ). Non-ok cells show the status."))
+        blocks.append(("table", tables.pivot(d, m.name, lines)))
     if "kernel" in df.columns and df["kernel"].notna().any():
         blocks.append(("h2", "Kernel that ran"))
         blocks.append(("p", "As recorded by the backend, once per case outside the timed region "
                             "(for sdpa: the ATen kernel PyTorch dispatched to)."))
-        blocks.append(("table", tables.pivot(df[df["kernel"].notna()], "kernel", "", lines)))
+        blocks.append(("table", tables.pivot(df[df["kernel"].notna()], "kernel", lines)))
     exps = scaling_exponents(df)
     if not exps.empty:
         blocks.append(("h2", "Scaling: fitted exponent of time over N"))
@@ -137,7 +169,7 @@ def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
     for n, (key, g) in enumerate(df.groupby(GROUP)):
         title = " / ".join(str(k) for k in key)
         path = out_dir / f"plot_{n:02d}.png"
-        if _plot_group(g, title, path):
+        if _plot_group(g, title, path, lines):
             blocks.append(("img", path.name, title))
 
     bad = df[~df["status"].isin(["ok"])]

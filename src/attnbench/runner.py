@@ -11,9 +11,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import environment, records
+from . import environment, probe, records
 from .case import Case
 from .errors import BadInput
+from .pairing import job_groups
+from .record import FORMAT_VERSION, Record
 from .suite import Suite
 from .worker import InProcessExecutor, IsolatedExecutor
 
@@ -99,6 +101,7 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
     env["threads"] = threads if device == "cpu" else env["threads"]
     meta = records.read_meta(run_dir) if options.resume else {}
     meta.update({
+        "format_version": FORMAT_VERSION,
         "run_id": run_id,
         "suite": suite.name,
         "suite_description": suite.description,
@@ -106,6 +109,7 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
         "suite_hash": suite.content_hash,
         "claims": suite.claims,
         "environment": env,
+        "environment_id": environment.env_id(env),
         "timing": dataclasses.asdict(suite.timing) | {"timeout_s": suite.timeout_s},
         "isolated": options.isolate,
         "started": meta.get("started") or dt.datetime.now().astimezone().isoformat(),
@@ -114,7 +118,7 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
     executor = (IsolatedExecutor if options.isolate else InProcessExecutor)(threads)
     todo = [(c, b) for c, b in jobs if (c.key, b) not in done]
     bar = tqdm(todo, desc=f"attnbench {suite.name}", unit="job", disable=not options.progress,
-               dynamic_ncols=True)
+               dynamic_ncols=True)  # iterated by group in run_jobs, updated per record
     try:
         if options.measure_ceilings and "ceilings" not in meta:
             dtypes = sorted({c.dtype for c, _ in jobs})
@@ -125,42 +129,62 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
         executor.close()
         bar.close()
         meta["ended"] = dt.datetime.now().astimezone().isoformat()
+        rows = records.read_records(run_dir)
+        meta["probe"] = probe_summary(rows, suite.timing.noise_threshold)
         records.write_meta(run_dir, meta)
-        if records.read_records(run_dir):
+        if rows:
             records.write_csv(run_dir)
     return run_dir
 
 
 def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env: dict,
              ceilings: dict) -> None:
-    """The job loop over the progress bar's jobs: skip what an OOM speaks for, run the rest,
-    append each record."""
+    """The job loop: groups of jobs timed together (pairing.job_groups), minus what an OOM
+    speaks for; each record appended as it comes."""
     env_cols = environment.record_fields(env)
+    env_id = environment.env_id(env)
     oom = OomTracker()
     with records.RecordWriter(run_dir) as writer:
-        for case, backend in bar:
-            bar.set_postfix_str(f"{backend} {case.mask} {case.mode} N={case.seq_q}",
-                                refresh=False)
-            reason = oom.skip_reason(case, backend)
-            if reason:
-                rec = {"key": case.key, "backend": backend, **case.to_dict(),
-                       "status": "skipped", "reason": reason}
-            else:
-                rec = executor.run(case, backend, suite.timing, suite.timeout_s)
-            if rec["status"] == "oom":
-                oom.note(case, backend)
-            writer.write(finish_record(rec, run_id, suite.name, env_cols, ceilings))
+        for group in job_groups(list(bar.iterable), suite.claims):
+            case0, backend0 = group[0]
+            bar.set_postfix_str(f"{'+'.join(b for _, b in group)} {case0.mask} {case0.mode} "
+                                f"N={case0.seq_q}", refresh=False)
+            skipped, todo = [], []
+            for case, backend in group:
+                reason = oom.skip_reason(case, backend)
+                if reason:
+                    skipped.append(Record.new(case, backend, "skipped", reason))
+                else:
+                    todo.append((case, backend))
+            done = executor.run_group(todo, suite.timing, suite.timeout_s) if todo else []
+            for rec in skipped + done:
+                if rec.status == "oom":
+                    oom.note(rec.case, rec.backend)
+                writer.write(finish_record(rec, run_id, suite.name, env_cols, env_id,
+                                           ceilings))
+                bar.update(1)
 
 
-def finish_record(rec: dict, run_id: str, suite: str, env_cols: dict, ceilings: dict) -> dict:
-    """Run-level columns, ceiling fractions and the environment, on every record."""
-    rec = {"run_id": run_id, "suite": suite, **rec}
-    rec.setdefault("reason", "")
-    peak = ceilings.get("matmul_tflops", {}).get(rec.get("dtype"))
-    if rec.get("tflops") is not None and peak:
-        rec["frac_matmul"] = rec["tflops"] / peak
+def finish_record(rec: Record, run_id: str, suite: str, env_cols: dict, env_id: str,
+                  ceilings: dict) -> dict:
+    """Run-level columns, ceiling fractions and the environment: the row written to disk."""
+    peak = ceilings.get("matmul_tflops", {}).get(rec.case.dtype)
+    if rec.metrics.get("tflops") is not None and peak:
+        rec.update(frac_matmul=rec.metrics["tflops"] / peak)
     bw = ceilings.get("copy_gbps")
-    if rec.get("gbps") is not None and bw:
-        rec["frac_bandwidth"] = rec["gbps"] / bw
-    rec["recorded_at"] = dt.datetime.now().astimezone().isoformat()
-    return rec | env_cols
+    if rec.metrics.get("gbps") is not None and bw:
+        rec.update(frac_bandwidth=rec.metrics["gbps"] / bw)
+    row = {"run_id": run_id, "suite": suite, "format_version": FORMAT_VERSION,
+           **rec.to_row()}
+    row.setdefault("noisy", False)
+    row["recorded_at"] = dt.datetime.now().astimezone().isoformat()
+    return row | env_cols | {"env_id": env_id}
+
+
+def probe_summary(rows: list[dict], threshold: float) -> dict:
+    """The drift probe over the run (from its records) and how many records were noisy."""
+    rates = [r["probe_gflops"] for r in rows if r.get("probe_gflops")]
+    return probe.summary(rates) | {
+        "noise_threshold": threshold,
+        "noisy_records": sum(1 for r in rows if r.get("noisy")),
+        "records_with_probe": len(rates)}

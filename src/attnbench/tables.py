@@ -1,39 +1,77 @@
-"""Pivot tables of records: backend x sequence length, with statuses where no time exists."""
+"""Pivot tables of records: one row per line, one column per sequence length.
+
+"The same line" has one definition, ``line_columns``: dtype, mask, mode and backend, plus
+every other case field (and the run, when several are shown) that varies among the
+records. Two records never share a cell silently: knob sweeps (linear's feature_map elu vs
+favor, a scale sweep) get a row each. Values are formatted by their metric's declaration;
+a time shows its 95% interval's half-width.
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from . import metrics
+from .record import CASE_COLUMNS
+
 STATUS_SHORT = {"unavailable": "n/a", "unsupported": "unsup", "skipped": "skip"}
-LINE_COLUMNS = ["dtype", "mask", "mode", "backend"]
+ALWAYS = ["dtype", "mask", "mode", "backend"]
+SIZE_COLUMNS = ("seq_q", "seq_k")  # the table's columns, never part of a line
+NOT_LINES = ("device", "block_pairs")  # device: one per run; block_pairs: lists
+
+
+def line_columns(df: pd.DataFrame) -> list[str]:
+    """The columns that identify a table row (a line over N) in these records."""
+    varying = []
+    candidates = ["run_id", *CASE_COLUMNS]
+    for c in candidates:
+        if c in ALWAYS or c in SIZE_COLUMNS or c in NOT_LINES or c not in df.columns:
+            continue
+        if df[c].astype(str).nunique(dropna=False) > 1:
+            varying.append(c)
+    return varying + [c for c in ALWAYS if c in df.columns]
 
 
 def seq_label(row) -> str:
     return str(row["seq_q"]) if row["seq_q"] == row["seq_k"] else f"{row['seq_q']}/{row['seq_k']}"
 
 
-def _cell(row, value_col: str, fmt: str) -> str:
-    if row["status"] == "ok" and pd.notna(row.get(value_col)):
-        return format(row[value_col], fmt)
-    if row["status"] == "wrong" and pd.notna(row.get(value_col)):
-        return format(row[value_col], fmt) + " WRONG"
+def _format(row, value_col: str) -> str:
+    value = row.get(value_col)
+    try:
+        text = metrics.get(value_col).format(value)
+    except KeyError:  # a derived or informational column (e.g. kernel)
+        text = "" if value is None or (isinstance(value, float) and pd.isna(value)) \
+            else (f"{value:.3g}" if isinstance(value, float) else str(value))
+    if value_col == "time_ms_median" and text and pd.notna(row.get("time_ms_ci_high")):
+        half = max(row["time_ms_ci_high"] - value, value - row["time_ms_ci_low"]) / value
+        text += f" ±{half:.0%}"
+    return text
+
+
+def _cell(row, value_col: str) -> str:
+    text = _format(row, value_col) if pd.notna(row.get(value_col)) else ""
+    if row["status"] == "ok" and text:
+        return text + (" ~" if row.get("noisy") is True else "")
+    if row["status"] == "wrong" and text:
+        return text + " WRONG"
     return STATUS_SHORT.get(row["status"], row["status"])
 
 
-def pivot(df: pd.DataFrame, value_col: str = "time_ms_median", fmt: str = ".3g",
+def pivot(df: pd.DataFrame, value_col: str = "time_ms_median",
           lines: list[str] | None = None) -> pd.DataFrame:
-    """One row per (dtype, mask, mode, backend, ...), one column per sequence length."""
+    """One row per line (``line_columns``), one column per sequence length."""
     if df.empty:
         return pd.DataFrame()
-    lines = [c for c in (lines or LINE_COLUMNS) if c in df.columns]
-    varying = [c for c in ("batch", "heads_q", "heads_kv", "head_dim") if c in df.columns
-               and df[c].nunique() > 1]
-    lines = varying + lines
+    lines = [c for c in (lines or line_columns(df)) if c in df.columns]
     d = df.copy()
+    for c in lines:  # NaN (e.g. scale=None) would drop the row from a pivot
+        d[c] = d[c].astype(object).where(d[c].notna(), "-")
     d["N"] = d.apply(seq_label, axis=1)
-    d["cell"] = d.apply(lambda r: _cell(r, value_col, fmt), axis=1)
+    d["cell"] = d.apply(lambda r: _cell(r, value_col), axis=1)
     order = (d.drop_duplicates("N").sort_values(["seq_q", "seq_k"])["N"].tolist())
-    table = d.pivot_table(index=lines, columns="N", values="cell", aggfunc="first")
+    table = d.pivot_table(index=lines, columns="N", values="cell",
+                          aggfunc=lambda cells: " | ".join(cells))  # never drop a record
     return table.reindex(columns=order).fillna("")
 
 

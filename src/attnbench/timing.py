@@ -3,6 +3,12 @@
 GPU: one pair of CUDA events per repetition, with the L2 cache flushed before each
 (by writing a buffer larger than L2), so every repetition starts cold.
 CPU: ``time.perf_counter`` around each call; the thread count is recorded in the run metadata.
+
+Sampling is adaptive: after ``min_reps`` it stops as soon as the 95% interval of the median
+is within ``target_rel`` of the median (``stop = "precision"``), else when the time budget
+(``"budget"``) or ``max_reps`` (``"max_reps"``) runs out. ``measure_interleaved`` times
+several closures in rounds (A B C, A B C, ...) so that drift of the machine hits them alike;
+sample ``i`` of every closure comes from round ``i``, and a drift probe runs between rounds.
 """
 
 from __future__ import annotations
@@ -15,19 +21,29 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .stats import Interval, median_interval
+
 
 @dataclass(frozen=True)
 class TimingBudget:
     warmup_s: float = 0.05
-    budget_s: float = 0.3
+    budget_s: float = 0.3  # per closure; interleaved rounds of n closures get n times this
     min_reps: int = 3
     max_reps: int = 100
     min_warmup: int = 1
+    target_rel: float = 0.05  # stop once the median's 95% interval is within this
+    noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
 
 
 @dataclass
 class Timing:
     samples_ms: list[float] = field(default_factory=list)
+    stop: str = ""  # precision, budget or max_reps
+    probe_gflops: list[float] = field(default_factory=list)  # probe readings in its rounds
+
+    @property
+    def interval(self) -> Interval:
+        return median_interval(self.samples_ms)
 
     @property
     def median_ms(self) -> float:
@@ -70,45 +86,121 @@ def measure(fn: Callable[[], object], device: torch.device | str,
     return _measure_cpu(fn, budget)
 
 
-def _measure_cpu(fn, budget: TimingBudget) -> Timing:
+def precise_enough(samples: list[float], budget: TimingBudget) -> bool:
+    """Enough samples, and the median's 95% interval within ``target_rel`` of it."""
+    if len(samples) < max(budget.min_reps, 6):  # fewer than 6 cannot reach 95%
+        return False
+    return median_interval(samples).half_width_rel <= budget.target_rel
+
+
+def stop_reason(samples: list[float], budget: TimingBudget, elapsed_s: float,
+                n_closures: int = 1) -> str:
+    """Why sampling stops now ('' = go on)."""
+    if len(samples) >= budget.max_reps:
+        return "max_reps"
+    if len(samples) < budget.min_reps:
+        return ""
+    if precise_enough(samples, budget):
+        return "precision"
+    if elapsed_s >= budget.budget_s * n_closures:
+        return "budget"
+    return ""
+
+
+def _warm_up(fn, budget: TimingBudget, sync=lambda: None) -> None:
     start = time.perf_counter()
     n = 0
     while n < budget.min_warmup or time.perf_counter() - start < budget.warmup_s:
         fn()
+        sync()
         n += 1
+
+
+def _measure_cpu(fn, budget: TimingBudget) -> Timing:
+    _warm_up(fn, budget)
     timing = Timing()
     start = time.perf_counter()
-    while len(timing.samples_ms) < budget.max_reps and (
-            len(timing.samples_ms) < budget.min_reps
-            or time.perf_counter() - start < budget.budget_s):
+    while not timing.stop:
         t0 = time.perf_counter()
         fn()
         timing.samples_ms.append((time.perf_counter() - t0) * 1e3)
+        timing.stop = stop_reason(timing.samples_ms, budget, time.perf_counter() - start)
     return timing
 
 
 def _measure_cuda(fn, dev: torch.device, budget: TimingBudget) -> Timing:
-    flush = _l2_flush_buffer(dev)
-    torch.cuda.synchronize(dev)
-    start = time.perf_counter()
-    n = 0
-    while n < budget.min_warmup or time.perf_counter() - start < budget.warmup_s:
-        fn()
-        torch.cuda.synchronize(dev)
-        n += 1
-    reps = budget.max_reps
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]
-    done = 0
-    start = time.perf_counter()
-    while done < reps and (done < budget.min_reps or time.perf_counter() - start < budget.budget_s):
-        flush.zero_()  # evict L2 so every repetition starts cold
-        begin, end = events[done]
+    return measure_interleaved([fn], dev, budget)[0]
+
+
+class _CudaSampler:
+    """One cold (L2-flushed) CUDA-event sample per call; read back once per round."""
+
+    def __init__(self, dev: torch.device):
+        self.dev = dev
+        self.flush = _l2_flush_buffer(dev)
+        self.pending: list[tuple[list[float], torch.cuda.Event, torch.cuda.Event]] = []
+
+    def sample(self, fn, into: list[float]) -> None:
+        self.flush.zero_()  # evict L2 so every repetition starts cold
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         fn()
         end.record()
-        done += 1
-        if done % 8 == 0:  # bound the queue so the host clock tracks the device
-            torch.cuda.synchronize(dev)
-    torch.cuda.synchronize(dev)
-    return Timing([b.elapsed_time(e) for b, e in events[:done]])
+        self.pending.append((into, begin, end))
+
+    def settle(self) -> None:
+        torch.cuda.synchronize(self.dev)
+        for into, begin, end in self.pending:
+            into.append(begin.elapsed_time(end))
+        self.pending.clear()
+
+
+def _cpu_sample(fn, into: list[float]) -> None:
+    t0 = time.perf_counter()
+    fn()
+    into.append((time.perf_counter() - t0) * 1e3)
+
+
+def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
+                        budget: TimingBudget = TimingBudget(), probe=None,
+                        warm: bool = False) -> list[Timing]:
+    """Time closures in interleaved rounds: round i calls each once, in order, so sample i
+    of every closure comes from the same moment of the machine. All stop together: when
+    every closure is precise enough, or the budget (``budget_s`` per closure) or
+    ``max_reps`` is spent. ``probe`` (a DriftProbe) is read between rounds."""
+    dev = torch.device(device)
+    if warm:
+        budget = dataclasses.replace(budget, min_warmup=0)
+    cuda = dev.type == "cuda"
+    sampler = _CudaSampler(dev) if cuda else None
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+    for fn in fns:
+        _warm_up(fn, budget, sync)
+    timings = [Timing() for _ in fns]
+    start = time.perf_counter()
+    stop = ""
+    if probe is not None:
+        probe.read()
+    while not stop:
+        for fn, t in zip(fns, timings):
+            if cuda:
+                sampler.sample(fn, t.samples_ms)
+            else:
+                _cpu_sample(fn, t.samples_ms)
+        if cuda:
+            sampler.settle()
+        if probe is not None:
+            probe.maybe_read()
+        elapsed = time.perf_counter() - start
+        reasons = [stop_reason(t.samples_ms, budget, elapsed, len(fns)) for t in timings]
+        if "max_reps" in reasons:
+            stop = "max_reps"
+        elif all(r == "precision" for r in reasons):
+            stop = "precision"
+        elif all(reasons) and elapsed >= budget.budget_s * len(fns):
+            stop = "budget"
+    readings = probe.readings_since(start) if probe is not None else []
+    for t in timings:
+        t.stop = stop
+        t.probe_gflops = readings
+    return timings

@@ -1,8 +1,11 @@
 """Isolation: jobs run in a child process, so a crash or a hang costs one record, not the run.
 
-The parent sends (case, backend, budget) over a pipe and waits up to the timeout. A child
-that dies yields ``crashed`` (with its exit code or signal); one that does not answer in
-time is killed and yields ``timeout``. Either way a fresh child takes the next job.
+The parent sends a job group (the (case, backend) pairs timed together) over a pipe and
+waits up to the suite's per-job timeout for each heartbeat (one per job set up, one after
+the group's timing) and then the records. A child that
+dies yields ``crashed`` (with its exit code or signal); one that does not answer in time is
+killed and yields ``timeout``. Either way a fresh child takes the next job; a group that
+crashed or hung is rerun one job at a time, so only the guilty job's record says so.
 """
 
 from __future__ import annotations
@@ -14,9 +17,28 @@ import torch
 
 from .case import Case
 from .ceilings import measure_ceilings
-from .execute import CaseCache, execute
+from .execute import CaseCache, execute_group
 from .memory import configure_allocator
+from .probe import DriftProbe
+from .record import Record
 from .timing import TimingBudget
+
+Job = tuple[Case, str]
+
+
+class Probes:
+    """One drift probe per device, made on first use in the measuring process."""
+
+    def __init__(self):
+        self.by_device: dict[str, DriftProbe] = {}
+
+    def for_jobs(self, jobs: list[Job]) -> DriftProbe | None:
+        if not jobs:
+            return None
+        device = jobs[0][0].device
+        if device not in self.by_device:
+            self.by_device[device] = DriftProbe(device)
+        return self.by_device[device]
 
 
 def setup_process(threads: int | None) -> None:
@@ -28,18 +50,21 @@ def setup_process(threads: int | None) -> None:
 def _worker_main(conn, threads: int | None) -> None:
     setup_process(threads)
     cache = CaseCache()
+    probes = Probes()
     while True:
         try:
-            job = conn.recv()
+            msg = conn.recv()
         except EOFError:
             return
-        if job is None:
+        if msg is None:
             return
-        if job[0] == "ceilings":
-            conn.send(measure_ceilings(*job[1:]))
+        if msg[0] == "ceilings":
+            conn.send(measure_ceilings(*msg[1:]))
             continue
-        case, backend, budget = job
-        conn.send(execute(case, backend, budget, cache))
+        _, jobs, budget = msg
+        records = execute_group(jobs, budget, cache, probes.for_jobs(jobs),
+                                progress=lambda: conn.send(("progress", None)))
+        conn.send(("done", records))
 
 
 class InProcessExecutor:
@@ -48,9 +73,11 @@ class InProcessExecutor:
     def __init__(self, threads: int | None = None):
         setup_process(threads)
         self.cache = CaseCache()
+        self.probes = Probes()
 
-    def run(self, case: Case, backend: str, budget: TimingBudget, timeout_s: float) -> dict:
-        return execute(case, backend, budget, self.cache)
+    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
+                  ) -> list[Record]:
+        return execute_group(jobs, budget, self.cache, self.probes.for_jobs(jobs))
 
     def ceilings(self, dtypes: list[str], device: str) -> dict:
         return measure_ceilings(dtypes, device)
@@ -90,22 +117,31 @@ class IsolatedExecutor:
         self.conn.send(("ceilings", dtypes, device))
         return self.conn.recv()
 
-    def run(self, case: Case, backend: str, budget: TimingBudget, timeout_s: float) -> dict:
+    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
+                  ) -> list[Record]:
+        """Records of a group; after a crash or hang of a group of several, each job again
+        on its own, so one bad kernel costs one record."""
+        status, result = self._send_group(jobs, budget, timeout_s)
+        if status == "done":
+            return result
+        if len(jobs) > 1:
+            return [r for job in jobs for r in self.run_group([job], budget, timeout_s)]
+        case, backend = jobs[0]
+        return [Record.new(case, backend, status, result)]
+
+    def _send_group(self, jobs, budget, timeout_s: float):
         if self.proc is None or not self.proc.is_alive():
             self._start()
-        timed_out = False
         try:
-            self.conn.send((case, backend, budget))
-            if self.conn.poll(timeout_s):
-                return self.conn.recv()
-            timed_out = True
+            self.conn.send(("group", jobs, budget))
+            while self.conn.poll(timeout_s):  # each heartbeat restarts the per-job limit
+                kind, payload = self.conn.recv()
+                if kind == "done":
+                    return "done", payload
+            self._stop(kill=True)
+            return "timeout", f"no result within the {timeout_s:g} s limit; worker killed"
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass  # the worker died; its pipe closed before it answered
-        base = {"key": case.key, "backend": backend, **case.to_dict()}
-        if timed_out:
-            self._stop(kill=True)
-            return base | {"status": "timeout",
-                           "reason": f"no result within the {timeout_s:g} s limit; worker killed"}
         self.proc.join(timeout=30)
         code = self.proc.exitcode
         self._stop()
@@ -116,7 +152,7 @@ class IsolatedExecutor:
                 how = f"killed by signal {-code}"
         else:
             how = f"exited with code {code}"
-        return base | {"status": "crashed", "reason": f"worker process {how}"}
+        return "crashed", f"worker process {how}"
 
     def close(self) -> None:
         if self.proc is not None and self.proc.is_alive():

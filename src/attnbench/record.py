@@ -1,0 +1,82 @@
+"""The record: what one (case, backend) measurement produced, as a declared type.
+
+Identity (the frozen Case and the backend name) is kept apart from what was measured
+(status, metrics, information such as the samples or the kernel that ran), like
+torch.utils.benchmark keeps a task's identity apart from its Measurement. The worker returns
+a Record; the runner adds run-level context; files hold it as one flat JSON object per line
+(``to_row``), and ``from_row`` reads one back. Every record, crashed and timed-out ones
+included, is built by ``Record.new``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import metrics
+from .case import Case
+
+# Version of the record and meta.json layout. 2: declared metrics, time intervals, work
+# counted per backend, backend code hashes, the drift probe, paired rounds.
+FORMAT_VERSION = 2
+
+STATUSES = ("ok", "unavailable", "unsupported", "oom", "skipped", "error", "crashed",
+            "timeout", "wrong")
+CASE_COLUMNS = tuple(f.name for f in dataclasses.fields(Case))
+# Identity and run columns at the front of every row, before the declared metrics.
+IDENTITY_COLUMNS = ("run_id", "key", "backend", "status", "reason", "noisy", *CASE_COLUMNS)
+
+
+@dataclass
+class Record:
+    case: Case
+    backend: str
+    status: str
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # declared metrics only
+    info: dict[str, Any] = field(default_factory=dict)  # everything else (samples, kernel...)
+
+    @classmethod
+    def new(cls, case: Case, backend: str, status: str, reason: str = "", **values) -> Record:
+        """The one constructor: values split into declared metrics and information."""
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; allowed: {', '.join(STATUSES)}")
+        rec = cls(case, backend, status, reason)
+        rec.update(**values)
+        return rec
+
+    def update(self, **values) -> Record:
+        for name, value in values.items():
+            if name == "status":
+                self.status = value
+            elif name == "reason":
+                self.reason = value
+            elif name in metrics.BY_NAME:
+                self.metrics[name] = value
+            else:
+                self.info[name] = value
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.case.key
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_row(self) -> dict:
+        """The flat JSON object a records.jsonl line holds."""
+        return {"key": self.case.key, "backend": self.backend, **self.case.to_dict(),
+                "status": self.status, "reason": self.reason, **self.metrics, **self.info}
+
+    @classmethod
+    def from_row(cls, row: dict) -> Record:
+        case_fields = {k: row[k] for k in CASE_COLUMNS if k in row and row[k] is not None}
+        if "block_pairs" in case_fields:
+            case_fields["block_pairs"] = tuple(tuple(p) for p in case_fields["block_pairs"])
+        rest = {k: v for k, v in row.items()
+                if k not in CASE_COLUMNS and k not in ("key", "backend", "status", "reason")}
+        return cls.new(Case(**case_fields), row["backend"], row["status"],
+                       row.get("reason") or "", **rest)

@@ -1,0 +1,182 @@
+"""Numbers that hold up: paired rounds against drift, distinct rows for knob sweeps,
+declared metrics, the typed record, honest work counts."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench import metrics, stats, tables
+from attnbench.case import Case
+from attnbench.execute import CaseCache, execute, execute_group
+from attnbench.record import Record
+from attnbench.registry import all_backends
+from attnbench.timing import TimingBudget
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Enough rounds for a tight interval; target_rel 0 so sampling never stops early.
+DRIFT_BUDGET = TimingBudget(warmup_s=0.0, budget_s=0.3, min_reps=12, max_reps=40,
+                            min_warmup=1, target_rel=0.0)
+
+
+def test_paired_rounds_recover_the_true_ratio_under_drift(fake_backends):
+    """The machine slows down ~1.5x per 100 ms. Timed one after the other, the slow backend
+    (2 units) sees a faster machine than the fast one (1 unit) and the ratio reads far below
+    2; timed in interleaved rounds, the paired interval contains 2."""
+    from fake_backends import Drift
+
+    case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_k=8, head_dim=4, head_dim_v=4)
+    cache = CaseCache()
+    Drift.restart()
+    slow = execute(case, "fake_drift_slow", DRIFT_BUDGET, cache)
+    fast = execute(case, "fake_drift_fast", DRIFT_BUDGET, cache)
+    sequential = stats.ratio_interval(slow.info["samples_ms"], fast.info["samples_ms"])
+    assert not sequential.contains(2.0), sequential
+
+    Drift.restart()
+    slow, fast = execute_group([(case, "fake_drift_slow"), (case, "fake_drift_fast")],
+                               DRIFT_BUDGET, cache)
+    assert slow.status == fast.status == "ok"
+    assert slow.info["pair_group"] == fast.info["pair_group"]
+    a, b = slow.info["samples_ms"], fast.info["samples_ms"]
+    assert len(a) == len(b) >= 12
+    paired = stats.paired_ratio_interval(a, b)
+    assert paired.contains(2.0), paired
+    assert paired.half_width_rel < 0.1  # and it is an informative interval
+    assert max(a) / min(a) > 2  # the drift really was there during the paired rounds
+
+
+def test_adaptive_sampling_stops_when_precise(fake_backends):
+    from fake_backends import Drift
+
+    Drift.per_step, old = 0.0, Drift.per_step  # a steady machine
+    try:
+        case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_k=8, head_dim=4, head_dim_v=4)
+        budget = TimingBudget(warmup_s=0.0, budget_s=5.0, min_reps=3, max_reps=200,
+                              target_rel=0.05)
+        rec = execute(case, "fake_drift_fast", budget, CaseCache())
+    finally:
+        Drift.per_step = old
+    assert rec.info["sampling_stop"] == "precision"
+    assert rec.metrics["n_samples"] < 200
+    low, high, med = (rec.metrics[k] for k in ("time_ms_ci_low", "time_ms_ci_high",
+                                               "time_ms_median"))
+    assert low <= med <= high and max(high - med, med - low) <= 0.05 * med
+
+
+def _linear_knob_records():
+    budget = TimingBudget(warmup_s=0.0, budget_s=0.01, min_reps=2, max_reps=3)
+    cache = CaseCache()
+    rows = []
+    for fmap in ("elu", "favor"):
+        for n in (32, 64):
+            case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=n, seq_k=n, head_dim=16,
+                        head_dim_v=16, feature_map=fmap, num_features=32)
+            rows.append(execute(case, "linear", budget, cache).to_row() | {"run_id": "r"})
+    return pd.DataFrame(rows)
+
+
+def test_knob_sweep_gets_a_row_per_knob_value_in_every_table(tmp_path):
+    df = _linear_knob_records()
+    assert (df["status"] == "ok").all(), df[["status", "reason"]]
+    assert "feature_map" in tables.line_columns(df)
+    for m in metrics.tabulated():
+        if m.name in df.columns and df[m.name].notna().any():
+            table = tables.pivot(df, m.name)
+            assert len(table) == 2, (m.name, table)
+            assert set(table.index.get_level_values("feature_map")) == {"elu", "favor"}
+    # the plot draws one line per knob value too
+    from attnbench.report import _plot_group
+
+    drawn = []
+    import matplotlib.axes
+
+    original = matplotlib.axes.Axes.errorbar
+
+    def spy(self, *args, label=None, **kwargs):
+        drawn.append(label)
+        return original(self, *args, label=label, **kwargs)
+
+    matplotlib.axes.Axes.errorbar = spy
+    try:
+        assert _plot_group(df, "t", tmp_path / "p.png", tables.line_columns(df))
+    finally:
+        matplotlib.axes.Axes.errorbar = original
+    assert sorted(drawn) == ["feature_map=elu linear", "feature_map=favor linear"]
+
+
+def test_pivot_never_drops_a_record():
+    row = {"run_id": "r", "key": "k", "backend": "b", "status": "ok", "seq_q": 8, "seq_k": 8,
+           "dtype": "float32", "mask": "none", "mode": "fwd", "time_ms_median": 1.0}
+    df = pd.DataFrame([row, row | {"time_ms_median": 9.0}])
+    cell = tables.pivot(df).iloc[0, 0]
+    assert "1" in cell and "9" in cell
+
+
+def test_every_record_is_built_by_one_constructor_and_round_trips():
+    case = Case(seq_q=8, seq_k=8, head_dim=4, head_dim_v=4, feature_map="favor",
+                block_pairs=((0, 1),))
+    rec = Record.new(case, "linear", "crashed", "worker process killed by signal SIGSEGV",
+                     time_ms_median=1.5, kernel="x")
+    assert rec.metrics == {"time_ms_median": 1.5} and rec.info == {"kernel": "x"}
+    back = Record.from_row(rec.to_row())
+    assert back == rec
+    with pytest.raises(ValueError, match="allowed: ok, unavailable"):
+        Record.new(case, "linear", "exploded")
+
+
+def test_readme_lists_every_declared_metric():
+    readme = (ROOT / "README.md").read_text()
+    assert metrics.markdown_table() in readme, "regenerate: python -m attnbench.metrics"
+
+
+def test_compare_direction_comes_from_the_declarations():
+    assert metrics.get("time_ms_median").worse(1.2, 0.1)
+    assert metrics.get("tflops").worse(0.8, 0.1) and not metrics.get("tflops").worse(1.2, 0.1)
+    assert metrics.get("peak_mem_bytes").worse(1.2, 0.1)
+    with pytest.raises(KeyError, match="not a declared metric"):
+        metrics.get("energy_j")
+
+
+@pytest.mark.parametrize("name,case", [
+    ("block_sparse", Case(seq_q=2048, seq_k=2048, head_dim=64, head_dim_v=64,
+                          block_layout_name="bigbird", block_size=64)),
+    ("linear", Case(seq_q=4096, seq_k=4096, head_dim=64, head_dim_v=64)),
+    ("sliding_window", Case(seq_q=4096, seq_k=4096, mask="window(255,0)")),
+    ("additive", Case(seq_q=512, seq_k=512)),
+    ("sdpa", Case(seq_q=512, seq_k=512, mask="causal")),
+])
+def test_work_is_counted_per_backend(name, case):
+    backend = all_backends()[name]
+    work = backend.work_flops(case)
+    assert work > 0 and math.isfinite(work)
+    if name == "sdpa":
+        assert work == case.flops
+    if name == "linear":  # O(N) work: far below the dense count
+        assert work < case.flops_dense / 10
+    if name == "sliding_window":  # the band and its ragged edge, far below dense
+        assert case.flops <= work < case.flops_dense / 4
+    if name == "block_sparse":  # the layout's tiles of a dense case
+        assert work < case.flops_dense / 2
+
+
+def test_no_published_record_above_a_measured_ceiling():
+    for csv in sorted((ROOT / "results").glob("*/results.csv")):
+        df = pd.read_csv(csv)
+        if "format_version" not in df.columns:
+            continue  # runs recorded before work was counted per backend
+        ok = df[df["status"] == "ok"]
+        for col in ("frac_matmul", "frac_bandwidth"):
+            if col in ok.columns:
+                assert not (ok[col] > 1.0).any(), (csv, col, ok[col].max())
+
+
+def test_design_doc_is_in_the_repo_and_cited():
+    assert (ROOT / "docs" / "design.md").exists()
+    for path in (ROOT / "src").rglob("*.py"):
+        assert not re.search(r"(?<!docs/)DESIGN\.md", path.read_text()), path
