@@ -7,7 +7,6 @@ and the isolated worker inherits both the path and the variable).
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 
@@ -100,19 +99,17 @@ class Refuses(Fake):
 
 class Drift:
     """A machine that slows down over time by a known factor: ``factor()`` steps up by 0.5
-    every 100 ms from ``restart()``. Each call of a drifting backend lasts ``units`` ms x
-    factor x a random jitter (lognormal, 5%), by busy-waiting to a deadline."""
+    every 100 ms from ``restart()`` (or the module's import, in a fresh worker). A drifting
+    call lasts ``units`` x 2 ms x factor, by busy-waiting to a deadline."""
 
     step_s = 0.1
     per_step = 0.5
     unit_ms = 2.0
     t0 = time.perf_counter()
-    rng = random.Random(0)
 
     @classmethod
     def restart(cls) -> None:
         cls.t0 = time.perf_counter()
-        cls.rng = random.Random(0)
 
     @classmethod
     def factor(cls) -> float:
@@ -120,27 +117,30 @@ class Drift:
 
     @classmethod
     def hold(cls, units: float, start: float) -> None:
-        deadline = start + units * cls.unit_ms * 1e-3 * cls.factor() * cls.rng.lognormvariate(
-            0.0, 0.05)
+        deadline = start + units * cls.unit_ms * 1e-3 * cls.factor()
         while time.perf_counter() < deadline:
             pass
 
 
 class Drifting(Fake):
-    """Exact attention that takes ``units`` drifting milliseconds: two of these have a true
-    time ratio of units_a / units_b at every moment, whatever the drift."""
+    """Exact attention that takes ``units`` drifting milliseconds, with a deterministic
+    +-``wobble`` alternating call to call: two of these have a true median time ratio of
+    units_a / units_b at every moment, whatever the drift."""
 
     units = 1.0
+    wobble = 0.0
 
     def build(self, case, inputs):
         exact = _exact(case)
-        memo = {}
+        memo = {"calls": 0}
 
         def f(q, k, v):
             start = time.perf_counter()
             if "out" not in memo:  # computed once: later calls are pure (drifting) waiting,
                 memo["out"] = exact(q, k, v)  # with no torch threads to compete with
-            Drift.hold(self.units, start)  # the call lasts units x factor
+            memo["calls"] += 1
+            sign = 1 if memo["calls"] % 2 else -1
+            Drift.hold(self.units * (1 + sign * self.wobble), start)
             return memo["out"]
 
         return f
@@ -149,6 +149,7 @@ class Drifting(Fake):
 class DriftingSlow(Drifting):
     name = "fake_drift_slow"
     units = 2.0
+    wobble = 0.05  # per-round ratios alternate 1.9 and 2.1 around the true 2
 
 
 class DriftingFast(Drifting):

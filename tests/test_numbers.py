@@ -47,7 +47,7 @@ def test_paired_rounds_recover_the_true_ratio_under_drift(fake_backends):
     assert len(a) == len(b) >= 12
     paired = stats.paired_ratio_interval(a, b)
     assert paired.contains(2.0), paired
-    assert paired.half_width_rel < 0.1  # and it is an informative interval
+    assert paired.half_width_rel < 0.15  # and an informative one (the wobble is +-5%)
     assert max(a) / min(a) > 2  # the drift really was there during the paired rounds
 
 
@@ -180,3 +180,26 @@ def test_design_doc_is_in_the_repo_and_cited():
     assert (ROOT / "docs" / "design.md").exists()
     for path in (ROOT / "src").rglob("*.py"):
         assert not re.search(r"(?<!docs/)DESIGN\.md", path.read_text()), path
+
+
+def test_groups_are_timed_in_fresh_processes_and_pooled(fake_backends, write_suite, tmp_path):
+    """processes = 2: each group is timed in a second, fresh worker too; the records pool
+    both processes' samples (still round-aligned) and say so."""
+    from attnbench.records import read_records
+    from attnbench.runner import RunOptions, run_suite
+    from attnbench.suite import load_suite
+
+    path = write_suite('name = "p"\nbackends = ["fake_drift_slow", "fake_drift_fast"]\n'
+                       "[timing]\nwarmup_s = 0.0\nbudget_s = 0.02\nmin_reps = 6\n"
+                       "max_reps = 6\nprocesses = 2\ntimeout_s = 60\n"
+                       "[axes]\nheads_q = 1\nhead_dim = 4\nseq_len = 8\n")
+    suite = load_suite(str(path), sorted(all_backends()))
+    run = run_suite(suite, "cpu", RunOptions(out=tmp_path, run_id="r", progress=False,
+                                             measure_ceilings=False))
+    slow, fast = read_records(run)
+    assert slow["status"] == fast["status"] == "ok"
+    assert slow["processes"] == fast["processes"] == 2
+    assert slow["n_samples"] == fast["n_samples"] == 6  # 3 rounds in each process
+    assert slow["pair_group"] == fast["pair_group"]
+    ratio = stats.paired_ratio_interval(slow["samples_ms"], fast["samples_ms"])
+    assert ratio.contains(2.0), ratio

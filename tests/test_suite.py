@@ -83,6 +83,9 @@ HEAD = 'name = "tiny"\nbackends = ["naive"]\n'
      "backends = 'flashy': unknown backend; allowed: naive, sdpa"),
     (HEAD + "[timing]\nbudget_s = -1\n[axes]\nseq_len = 8",
      "timing.budget_s = -1: must be a positive float"),
+    (HEAD + "[timing]\ntarget_rel = 0.02\nnoise_threshold = 0.2\n[axes]\nseq_len = 8", None),
+    (HEAD + "[timing]\nnoise_threshold = -1\n[axes]\nseq_len = 8",
+     "timing.noise_threshold = -1: must be a positive float"),
     (HEAD + "[timing]\nmin_reps = 2.5\n[axes]\nseq_len = 8",
      "timing.min_reps = 2.5: must be a positive int"),
     ('name = "tiny"\n[[sweep]]\nbackends = ["naive"]\n[sweep.axes]\nseq_len = 8\n'

@@ -11,6 +11,7 @@ classified into a status; none escapes.
 from __future__ import annotations
 
 import hashlib
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from .memory import peak_memory_bytes
 from .record import Record
 from .reference import RefResult, case_reference
 from .registry import get_backend
-from .timing import TimingBudget, measure_interleaved
+from .timing import Timing, TimingBudget, measure_interleaved
 
 
 def inputs_key(case: Case) -> tuple:
@@ -90,8 +91,10 @@ class Candidate:
     inputs: Inputs
 
 
-def _open(case: Case, backend_name: str, cache: CaseCache) -> Record | Candidate:
-    """Everything before timing: a final (non-ok) record, or a candidate."""
+def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True
+          ) -> Record | Candidate:
+    """Everything before timing: a final (non-ok) record, or a candidate. ``check=False``
+    (a repeat in a fresh process) skips the float64 check: the first process judged it."""
     record = Record.new(case, backend_name, "ok")
     try:
         backend = get_backend(backend_name)
@@ -109,7 +112,10 @@ def _open(case: Case, backend_name: str, cache: CaseCache) -> Record | Candidate
         t0 = time.perf_counter()
         prepared = backend.prepare(case, inputs)
         record.update(setup_s=time.perf_counter() - t0)
-        _check(record, backend, prepared, inputs, cache)
+        if check:
+            _check(record, backend, prepared, inputs, cache)
+        else:
+            prepared.fn()  # the first call (lazy initialisation) stays out of timing
     except Exception as exc:  # classify, record, and let the sweep go on
         return failure(record, exc)
     for key in ("kernel", "compile_s"):
@@ -139,10 +145,13 @@ def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
         record.update(status="wrong", reason=wrong)
 
 
-def _timing_columns(cand: Candidate, timing, budget: TimingBudget) -> dict:
-    case, sec = cand.record.case, timing.median_ms * 1e-3
+def timing_columns(case: Case, work: float, samples: list[float], stop: str,
+                   probe_readings: list[float], budget: TimingBudget) -> dict:
+    """Every timing-derived column, from the raw samples (and the probe readings taken
+    during them): one definition, used after one process and after merging several."""
+    timing = Timing(list(samples), stop, list(probe_readings))
+    sec = timing.median_ms * 1e-3
     interval = timing.interval
-    work = cand.backend.work_flops(case)
     cols = {
         "time_ms_median": timing.median_ms,
         "time_ms_ci_low": interval.low,
@@ -153,7 +162,7 @@ def _timing_columns(cand: Candidate, timing, budget: TimingBudget) -> dict:
         "time_cv": timing.cv,
         "n_samples": len(timing.samples_ms),
         "samples_ms": timing.samples_ms,
-        "sampling_stop": timing.stop,
+        "sampling_stop": stop,
         "tflops": work / sec / 1e12,
         "tflops_dense": case.flops_dense / sec / 1e12,
         "gbps": case.bytes / sec / 1e9,
@@ -161,15 +170,46 @@ def _timing_columns(cand: Candidate, timing, budget: TimingBudget) -> dict:
         "flops": case.flops,
         "flops_dense": case.flops_dense,
         "density": case.density,
-        "input_bytes": cand.inputs.nbytes,
     }
-    if timing.probe_gflops:
-        cols["probe_gflops"] = sorted(timing.probe_gflops)[len(timing.probe_gflops) // 2]
-        spread = probe.spread(timing.probe_gflops)
+    if probe_readings:
+        cols["probe_readings"] = list(probe_readings)
+        cols["probe_gflops"] = statistics.median(probe_readings)
+        spread = probe.spread(probe_readings)
         if spread is not None:
             cols["probe_spread"] = spread
             cols["noisy"] = spread > budget.noise_threshold
     return cols
+
+
+def _timing_columns(cand: Candidate, timing: Timing, budget: TimingBudget) -> dict:
+    work = cand.backend.work_flops(cand.record.case)
+    return timing_columns(cand.record.case, work, timing.samples_ms, timing.stop,
+                          timing.probe_gflops, budget) | {"input_bytes": cand.inputs.nbytes}
+
+
+def merge_repeats(first: list[Record], repeats: list[list[Record]], budget: TimingBudget
+                  ) -> list[Record]:
+    """Pool the samples of the same group timed again in fresh processes (``processes``
+    in a suite's timing): process-level effects (memory placement, which cores) then show
+    in the interval instead of shifting whole runs. Sample order stays round-aligned
+    across the group's records when every repeat timed the same records."""
+    for i, rec in enumerate(first):
+        if "samples_ms" not in rec.info:
+            continue
+        samples, readings = list(rec.info["samples_ms"]), list(rec.info.get("probe_readings", []))
+        stops = [rec.info.get("sampling_stop", "")]
+        for repeat in repeats:
+            other = repeat[i] if i < len(repeat) else None
+            if other is None or "samples_ms" not in other.info:
+                rec.info.pop("pair_group", None)  # rounds no longer aligned
+                continue
+            samples += other.info["samples_ms"]
+            readings += other.info.get("probe_readings", [])
+            stops.append(other.info.get("sampling_stop", ""))
+        rec.update(**timing_columns(rec.case, rec.metrics["work_flops"], samples,
+                                    "+".join(sorted(set(stops))), readings, budget),
+                   processes=1 + len(repeats))
+    return first
 
 
 def group_id(jobs: list[tuple[Case, str]]) -> str:
@@ -178,15 +218,16 @@ def group_id(jobs: list[tuple[Case, str]]) -> str:
 
 
 def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: CaseCache,
-                  drift: probe.DriftProbe | None = None, progress=lambda: None
-                  ) -> list[Record]:
+                  drift: probe.DriftProbe | None = None, progress=lambda: None,
+                  repeat: bool = False) -> list[Record]:
     """Records for jobs timed together; sample i of every ok record comes from round i.
     ``progress()`` is called after each job's setup and after timing (a heartbeat: the
-    isolated worker's parent restarts its per-job timeout on each)."""
+    isolated worker's parent restarts its per-job timeout on each). ``repeat``: timing only
+    (no float64 check, no memory), for pooling with the first process's records."""
     cache.keep_only([c for c, _ in jobs])
     opened = []
     for case, backend in jobs:
-        opened.append(_open(case, backend, cache))
+        opened.append(_open(case, backend, cache, check=not repeat))
         progress()
     timed = [c for c in opened if isinstance(c, Candidate)]
     if timed:
@@ -211,7 +252,7 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
                 cand.record.update(**_timing_columns(cand, timing, budget))
                 if pair:
                     cand.record.update(pair_group=pair, paired_with=len(timed) - 1)
-        for cand in timed:
+        for cand in [] if repeat else timed:
             if cand.record.status in ("ok", "wrong") and "time_ms_median" in cand.record.metrics:
                 try:
                     cand.record.update(peak_mem_bytes=peak_memory_bytes(cand.prepared.fn,

@@ -137,7 +137,10 @@ def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
     if claims:
         blocks.append(("h2", "Claims and measurements"))
         blocks.append(("p", "Each claim is data in the suite; the measurement is computed from "
-                            "this run's ok records (ratios per case, exponents fitted over N)."))
+                            "this run's ok records (ratios per case, exponents fitted over N), "
+                            "with its 95% interval: 'paired' when both sides were timed in the "
+                            "same interleaved rounds, else a bootstrap. The verdict is "
+                            "'inconclusive' when the interval straddles the expected bound."))
         blocks.append(("table", claims_table(df, claims).set_index("claim")))
     lines = tables.line_columns(df)
     over = ceiling_check(df)

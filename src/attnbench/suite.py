@@ -31,7 +31,8 @@ TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "def
             "claim")
 SWEEP_KEYS = ("name", "backends", "axes", "exclude")
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
-               "timeout_s": float}
+               "timeout_s": float, "target_rel": float, "noise_threshold": float,
+               "processes": int}
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
 INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}

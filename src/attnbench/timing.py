@@ -33,6 +33,16 @@ class TimingBudget:
     min_warmup: int = 1
     target_rel: float = 0.05  # stop once the median's 95% interval is within this
     noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
+    processes: int = 1  # fresh worker processes a group is timed in, samples pooled
+
+    def per_process(self) -> TimingBudget:
+        """The share of the budget one of ``processes`` processes spends."""
+        k = self.processes
+        if k <= 1:
+            return self
+        return dataclasses.replace(self, budget_s=self.budget_s / k,
+                                   min_reps=max(2, -(-self.min_reps // k)),
+                                   max_reps=max(2, -(-self.max_reps // k)))
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 
 from .case import Case
 from .ceilings import measure_ceilings
-from .execute import CaseCache, execute_group
+from .execute import CaseCache, execute_group, merge_repeats
 from .memory import configure_allocator
 from .probe import DriftProbe
 from .record import Record
@@ -61,9 +61,9 @@ def _worker_main(conn, threads: int | None) -> None:
         if msg[0] == "ceilings":
             conn.send(measure_ceilings(*msg[1:]))
             continue
-        _, jobs, budget = msg
+        _, jobs, budget, repeat = msg
         records = execute_group(jobs, budget, cache, probes.for_jobs(jobs),
-                                progress=lambda: conn.send(("progress", None)))
+                                progress=lambda: conn.send(("progress", None)), repeat=repeat)
         conn.send(("done", records))
 
 
@@ -77,7 +77,13 @@ class InProcessExecutor:
 
     def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
                   ) -> list[Record]:
-        return execute_group(jobs, budget, self.cache, self.probes.for_jobs(jobs))
+        """Repeats (``budget.processes``) run in this same process: without isolation there
+        is no fresh process to time them in."""
+        share = budget.per_process()
+        first = execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs))
+        repeats = [execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
+                                 repeat=True) for _ in range(budget.processes - 1)]
+        return merge_repeats(first, repeats, budget)
 
     def ceilings(self, dtypes: list[str], device: str) -> dict:
         return measure_ceilings(dtypes, device)
@@ -121,19 +127,27 @@ class IsolatedExecutor:
                   ) -> list[Record]:
         """Records of a group; after a crash or hang of a group of several, each job again
         on its own, so one bad kernel costs one record."""
-        status, result = self._send_group(jobs, budget, timeout_s)
+        share = budget.per_process()
+        status, result = self._send_group(jobs, share, timeout_s)
         if status == "done":
-            return result
+            repeats = []
+            for _ in range(budget.processes - 1):  # the same group in fresh processes
+                self.close()
+                status, again = self._send_group(jobs, share, timeout_s, repeat=True)
+                if status != "done":
+                    break  # keep what the earlier processes measured
+                repeats.append(again)
+            return merge_repeats(result, repeats, budget)
         if len(jobs) > 1:
             return [r for job in jobs for r in self.run_group([job], budget, timeout_s)]
         case, backend = jobs[0]
         return [Record.new(case, backend, status, result)]
 
-    def _send_group(self, jobs, budget, timeout_s: float):
+    def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False):
         if self.proc is None or not self.proc.is_alive():
             self._start()
         try:
-            self.conn.send(("group", jobs, budget))
+            self.conn.send(("group", jobs, budget, repeat))
             while self.conn.poll(timeout_s):  # each heartbeat restarts the per-job limit
                 kind, payload = self.conn.recv()
                 if kind == "done":
