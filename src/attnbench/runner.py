@@ -183,8 +183,12 @@ def finish_record(rec: Record, run_id: str, suite: str, env_cols: dict, env_id: 
 
 def probe_summary(rows: list[dict], threshold: float) -> dict:
     """The drift probe over the run (from its records) and how many records were noisy."""
-    rates = [r["probe_gflops"] for r in rows if r.get("probe_gflops")]
+    readings = {}  # a group's records share its readings: count each group once
+    for r in rows:
+        if r.get("probe_readings"):
+            readings[r.get("pair_group") or id(r)] = r["probe_readings"]
+    rates = [x for group in readings.values() for x in group]
     return probe.summary(rates) | {
         "noise_threshold": threshold,
         "noisy_records": sum(1 for r in rows if r.get("noisy")),
-        "records_with_probe": len(rates)}
+        "records_with_probe": sum(1 for r in rows if r.get("probe_readings"))}
