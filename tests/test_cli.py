@@ -63,7 +63,7 @@ def test_run_writes_results_and_report(tmp_path):
     assert (run / "results.csv").read_text().startswith("run_id,key,backend,status")
     assert "naive" in proc.stdout and "sdpa" in proc.stdout  # the terminal table
     md = (tmp_path / "rep" / "t1" / "index.md").read_text()
-    assert "Median time (ms)" in md and "plot_00.png" in md
+    assert "time--tiny-sdpa-vs-naive--float32-fwd.png" in md
     # sdpa records which kernel PyTorch dispatched to; the report shows it per case
     assert {r["kernel"] for r in recs if r["backend"] == "sdpa"} <= {"flash_cpu", "math"}
     assert "## Kernel that ran" in md and "flash_cpu" in md.split("## Kernel that ran")[1]

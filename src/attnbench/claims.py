@@ -20,11 +20,12 @@ medians), and the verdict is ``holds`` (the interval inside the range), ``does n
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from . import stats
+from . import metrics, ratios, stats
 from .errors import BadInput
+from .fits import exponent_interval
+from .selection import values, where_mask
 
 CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denominator",
               "where", "numerator_where", "denominator_where", "expected", "scale", "unit")
@@ -56,6 +57,9 @@ def validate_claims(raw, path) -> list[dict]:
         for k in ("text",) + need:
             if not isinstance(c.get(k), str):
                 raise BadInput(f"{path}: {where}.{k} = {c.get(k)!r}: must be a string")
+        if "metric" in c and c["metric"] not in metrics.BY_NAME:
+            raise BadInput(f"{path}: {where}.metric = {c['metric']!r}: not a declared metric; "
+                           f"allowed: {', '.join(metrics.NAMES)}")
         exp = c.get("expected")
         if exp is not None and not (isinstance(exp, list) and 1 <= len(exp) <= 2 and all(
                 isinstance(x, (int, float)) for x in exp)):
@@ -67,10 +71,6 @@ def validate_claims(raw, path) -> list[dict]:
     return out
 
 
-def _values(v) -> list:
-    return v if isinstance(v, list) else [v]
-
-
 def side_matches(claim: dict, side: str, case, backend: str) -> bool:
     """Whether job (case, backend) is on a ratio claim's ``side`` (numerator/denominator)."""
     if backend != claim.get(side):
@@ -78,69 +78,25 @@ def side_matches(claim: dict, side: str, case, backend: str) -> bool:
     where = claim.get("where", {}) | claim.get(f"{side}_where", {})
     for k, v in where.items():
         if k == "seq_len":
-            if case.seq_q not in _values(v) or case.seq_k not in _values(v):
+            if case.seq_q not in values(v) or case.seq_k not in values(v):
                 return False
-        elif getattr(case, k, None) not in _values(v):
+        elif getattr(case, k, None) not in values(v):
             return False
     return True
 
 
 def _select(df: pd.DataFrame, where: dict, backend: str) -> pd.DataFrame:
-    d = df[(df["backend"] == backend) & (df["status"] == "ok")]
-    for k, v in where.items():
-        col = "seq_q" if k == "seq_len" else k
-        d = d[d[col].isin(_values(v))]
-        if k == "seq_len":
-            d = d[d["seq_k"].isin(_values(v))]
-    return d
-
-
-def _samples(row, suffix: str = "") -> list[float]:
-    s = row.get(f"samples_ms{suffix}")
-    return list(s) if isinstance(s, (list, tuple)) else []
-
-
-def _ratio_interval(row, metric: str) -> stats.Interval:
-    """Paired when both records come from the same interleaved rounds; else a bootstrap of
-    the ratio of medians; a point when the metric has no samples (e.g. memory)."""
-    a, b = _samples(row, "_a"), _samples(row, "_b")
-    value = float(row[f"{metric}_a"]) / float(row[f"{metric}_b"])
-    if metric == "time_ms_median" and a and b:
-        paired = (row.get("pair_group_a") is not None
-                  and row.get("pair_group_a") == row.get("pair_group_b") and len(a) == len(b))
-        return stats.paired_ratio_interval(a, b) if paired else stats.ratio_interval(a, b)
-    return stats.Interval(value, value, value, 1.0, 1, "point")
+    return df[(df["backend"] == backend) & (df["status"] == "ok") & where_mask(df, where)]
 
 
 def _value_interval(row, metric: str, scale: float) -> stats.Interval:
-    samples = _samples(row)
+    samples = ratios.samples(row.get("samples_ms"))
     if metric == "time_ms_median" and samples:
         iv = stats.median_interval(samples)
         return stats.Interval(iv.estimate * scale, iv.low * scale, iv.high * scale,
                               iv.confidence, iv.n, iv.method)
     value = float(row[metric]) * scale
     return stats.Interval(value, value, value, 1.0, 1, "point")
-
-
-def _exponent_interval(d: pd.DataFrame, n_boot: int = 400) -> stats.Interval | None:
-    """Slope of log(median time) over log(N), with a bootstrap over each size's samples."""
-    by_n = {}
-    for n, g in d.groupby("seq_q"):
-        samples = [x for _, r in g.iterrows() for x in _samples(r)]
-        by_n[int(n)] = np.asarray(samples or list(g["time_ms_median"]), dtype=float)
-    if len(by_n) < 3:
-        return None
-    ns = np.log(np.array(sorted(by_n), dtype=float))
-    meds = np.log([np.median(by_n[n]) for n in sorted(by_n)])
-    slope = float(np.polyfit(ns, meds, 1)[0])
-    rng = np.random.default_rng(0)
-    boots = []
-    for _ in range(n_boot):
-        m = [np.median(rng.choice(by_n[n], size=len(by_n[n]))) for n in sorted(by_n)]
-        boots.append(np.polyfit(ns, np.log(m), 1)[0])
-    low, high = np.quantile(boots, [0.025, 0.975])
-    return stats.Interval(slope, float(min(low, slope)), float(max(high, slope)), 0.95,
-                          len(by_n), "bootstrap")
 
 
 def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[stats.Interval], str]:
@@ -154,16 +110,15 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[stats.Interval], 
         on = SHAPE if sided else ["key"]
         a = _select(df, where | claim.get("numerator_where", {}), claim["numerator"])
         b = _select(df, where | claim.get("denominator_where", {}), claim["denominator"])
-        extra = [c for c in ("samples_ms", "pair_group") if c in df.columns]
-        j = a[on + [metric] + extra].merge(b[on + [metric] + extra], on=on,
-                                           suffixes=("_a", "_b"))
-        return [_ratio_interval(r, metric) for _, r in j.iterrows()], f"{len(j)} case(s)"
+        j = ratios.join(a, b, on, [metric])
+        return ([ratios.joined_ratio_interval(r, metric) for _, r in j.iterrows()],
+                f"{len(j)} case(s)")
     d = _select(df, where, claim["backend"])
     if kind == "value":
         scale = float(claim.get("scale", 1.0))
         return [_value_interval(r, metric, scale) for _, r in d.iterrows()], f"{len(d)} case(s)"
     d = d[d["seq_q"] == d["seq_k"]]
-    iv = _exponent_interval(d)
+    iv = exponent_interval(d)
     if iv is None:
         return [], f"needs >= 3 sizes, found {d['seq_q'].nunique()}"
     return [iv], f"N = {d['seq_q'].min()}..{d['seq_q'].max()}"

@@ -1,4 +1,4 @@
-"""Command line: ``attnbench run | list | env | report | compare``.
+"""Command line: ``attnbench run | list | env | report | publish | compare``.
 
 Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``, ``compare
 --fail-on-regression``);
@@ -36,32 +36,100 @@ def _ints(option: str, text: str | None) -> list[int] | None:
     return values
 
 
+# The run options a --resume takes from the run itself (meta.json's "invocation").
+REPLAYED = ("suite", "backends", "dtype", "seq_len", "device", "threads", "isolate")
+
+
+def _invocation(args) -> dict:
+    """What this command line asks for, as --resume will replay it."""
+    return {"suite": args.suite or "quick", "backends": args.backends, "dtype": args.dtype,
+            "seq_len": args.seq_len, "device": args.device or "auto", "threads": args.threads,
+            "isolate": not args.no_isolate}
+
+
+def _replay(args) -> dict:
+    """A resumed run's own options; a flag that contradicts them is bad input."""
+    from . import rundir
+    from .records import META, read_meta
+
+    run_dir = Path(args.out) / rundir.check_name(args.resume, "--resume")
+    if not (run_dir / META).exists():
+        raise BadInput(f"--resume {args.resume}: no such run under {args.out}")
+    saved = read_meta(run_dir).get("invocation")
+    if not isinstance(saved, dict):
+        raise BadInput(f"{run_dir / META}: records no invocation (a run from before format 2); "
+                       f"allowed: --resume of a run this version started")
+    given = _invocation(args)
+    for key in REPLAYED:
+        flag = {"seq_len": "--seq-len", "isolate": "--no-isolate"}.get(key, f"--{key}")
+        explicit = getattr(args, key, None) if key != "isolate" else (
+            False if args.no_isolate else None)
+        if key == "device":
+            explicit = args.device
+        if explicit is not None and given[key] != saved.get(key):
+            raise BadInput(f"{flag} {given[key]!r}: contradicts the run being resumed "
+                           f"({saved.get(key)!r}); allowed: leave it out, the run's own "
+                           f"options are used")
+    return saved
+
+
 def cmd_run(args) -> int:
-    from . import records, tables
+    from . import metrics, records, tables
+    from .plan import check_plan, make_plan
     from .registry import all_backends
     from .report import build_report
     from .runner import RunOptions, resolve_device, run_suite
     from .suite import load_suite, override_axes
 
+    if args.threads is not None and args.threads <= 0:
+        raise BadInput(f"--threads {args.threads}: allowed: a positive integer")
+    retry = tuple(_csv(args.retry) or ())
+    if retry and not args.resume:
+        raise BadInput("--retry: only with --resume RUN_ID")
+    for status in retry:
+        if status not in records.STATUSES or status == "ok":
+            raise BadInput(f"--retry {status!r}: allowed: "
+                           f"{', '.join(s for s in records.STATUSES if s != 'ok')}")
+    if args.resume and args.run_id and args.run_id != args.resume:
+        raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
+                       f"one of them (--resume names the run)")
+    inv = _replay(args) if args.resume else _invocation(args)
     known = sorted(all_backends())
-    backends = _csv(args.backends)
+    backends = _csv(inv["backends"])
+    if backends is not None and not backends:
+        raise BadInput("--backends '': allowed: comma-separated backend names, e.g. sdpa,naive")
     for b in backends or []:
         if b not in known:
             raise BadInput(f"--backends: unknown backend {b!r}; allowed: {', '.join(known)}")
-    device = resolve_device(args.device)
-    suite = load_suite(args.suite, known)
-    override_axes(suite, backends=backends, dtype=_csv(args.dtype),
-                  seq_len=_ints("--seq-len", args.seq_len))
+    dtypes = _csv(inv["dtype"])
+    if dtypes is not None and not dtypes:
+        raise BadInput("--dtype '': allowed: comma-separated dtypes, e.g. float32,bfloat16")
+    device = resolve_device(inv["device"])
+    suite = load_suite(inv["suite"], known)
+    override_axes(suite, backends=backends, dtype=dtypes,
+                  seq_len=_ints("--seq-len", inv["seq_len"]))
+    plan = make_plan(suite, suite.jobs_on(device), device)
+    if args.dry_run:
+        print(f"plan: {plan.summary()}")
+        for problem in plan.problems():
+            print(f"plan: would be refused without --force: {problem}")
+        return 0
+    check_plan(plan, args.force)
     options = RunOptions(out=Path(args.out), run_id=args.run_id or args.resume,
-                         resume=bool(args.resume), isolate=not args.no_isolate,
-                         threads=args.threads, progress=not args.no_progress)
+                         resume=bool(args.resume), isolate=inv["isolate"],
+                         threads=inv["threads"], progress=not args.no_progress, retry=retry,
+                         invocation=inv)
     run_dir = run_suite(suite, device, options)
     df = records.load_results(run_dir)
+    median = metrics.get("time_ms_median")
+    print(f"{median.section} ({median.shown_unit}) ±half-width of its 95% interval; "
+          f"~ = noisy, WRONG = above tolerance; columns: N")
     print(tables.to_text(tables.pivot(df)))
     print(f"\n{tables.status_counts(df)}")
     print(f"results: {run_dir}")
     if not args.no_report:
-        report_dir = build_report([run_dir], Path(args.reports) / run_dir.name)
+        reports = Path(args.reports) if args.reports else run_dir.parent.parent / "reports"
+        report_dir = build_report([run_dir], reports / run_dir.name)
         print(f"report:  {report_dir / 'index.md'}  ({report_dir / 'index.html'})")
     if args.strict:
         bad = df[df["status"].isin(GATE_STATUSES)]
@@ -101,7 +169,8 @@ def cmd_env(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .records import RECORDS
+    from . import rundir
+    from .records import RECORDS, read_records
     from .report import build_report
 
     runs = []
@@ -109,15 +178,33 @@ def cmd_report(args) -> int:
         p = Path(r)
         if not (p / RECORDS).is_file():
             raise BadInput(f"{r}: not a run directory (no {RECORDS} inside)")
+        if not read_records(p):
+            raise BadInput(f"{p / RECORDS}: holds no record; allowed: a run with records")
         runs.append(p)
-    name = args.name or runs[0].name
+    name = rundir.check_name(args.name, "--name") if args.name else runs[0].name
     out = Path(args.out) if args.out else Path("reports") / name
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out}: is a file; allowed: a directory (made if missing)")
     build_report(runs, out)
     print(f"report: {out / 'index.md'}  ({out / 'index.html'})")
     return 0
 
 
+def cmd_publish(args) -> int:
+    from .publish import build_index, published_runs
+
+    results = Path(args.results)
+    if not results.is_dir() or not published_runs(results):
+        raise BadInput(f"--results {args.results}: no run with records there; allowed: a "
+                       f"folder of run directories (results/<run-id>/records.jsonl)")
+    out = build_index(results, args.reports, rebuild=args.rebuild)
+    print(f"index: {out / 'index.md'}  ({out / 'index.html'})")
+    return 0
+
+
 def cmd_compare(args) -> int:
+    import pandas as pd
+
     from . import metrics
     from .compare import decide, environment_difference, join_runs, regressions
     from .records import load_results, read_meta
@@ -130,6 +217,9 @@ def cmd_compare(args) -> int:
     if metric.better == metrics.NEUTRAL:
         raise BadInput(f"--metric {args.metric}: a count with no better direction; allowed: "
                        f"{', '.join(m.name for m in metrics.METRICS if m.better != 'neutral')}")
+    if not args.threshold >= 0:
+        raise BadInput(f"--threshold {args.threshold}: allowed: a relative change >= 0, "
+                       f"e.g. 0.1")
     base, new = load_results(args.base), load_results(args.new)
     for name, df in (("base", base), ("new", new)):
         if args.metric not in df.columns:
@@ -143,9 +233,23 @@ def cmd_compare(args) -> int:
             "ratio_low", "ratio_high", "p_value", "change", "code_changed"]
     print(shown[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     bad = regressions(decided)
+    only_base = decided[decided["status_new"].isna()]
+    only_new = decided[decided["status_base"].isna()]
     print(f"\n{len(decided)} joined records, {len(shown)} with the metric in both runs, "
           f"{len(bad)} regression(s) ({metric.better} is better; significant at p < 0.05 "
           f"and beyond {args.threshold:.0%})")
+    if len(only_base) or len(only_new):
+        print(f"missing: {len(only_base)} pair(s) of the base run not in the new one, "
+              f"{len(only_new)} of the new run not in the base"
+              + ("" if args.allow_missing else " (they fail --fail-on-regression; "
+                 "--allow-missing to accept)"))
+        for _, r in only_base.head(20).iterrows():
+            print(f"  MISSING {r['backend']} {r['key']}")
+    if len(decided) - len(only_base) - len(only_new) == 0:
+        print("nothing was compared: the runs share no (key, backend) pair")
+        return 1 if args.fail_on_regression else 0
+    if not args.allow_missing and len(only_base):
+        bad = pd.concat([bad, only_base])
     for _, r in bad.iterrows():
         code = " (backend code changed)" if r["code_changed"] else ""
         print(f"  REGRESSION {r['backend']} {r['key']}: {r['status_base']} -> "
@@ -158,20 +262,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a suite and record results")
-    r.add_argument("--suite", default="quick", help="suite name (in suites/) or path to a .toml")
+    r.add_argument("--suite", help="suite name (in suites/) or path to a .toml (default: quick)")
     r.add_argument("--backends", help="comma-separated backends, replacing the suite's")
-    r.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    r.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     r.add_argument("--dtype", help="comma-separated dtypes, replacing the suite's")
     r.add_argument("--seq-len", help="comma-separated sequence lengths, replacing the suite's")
     r.add_argument("--out", default="results", help="results root (default: results)")
     r.add_argument("--run-id", help="run directory name (default: time-suite-device)")
-    r.add_argument("--resume", metavar="RUN_ID", help="continue this run, skipping done records")
-    r.add_argument("--reports", default="reports", help="reports root (default: reports)")
+    r.add_argument("--resume", metavar="RUN_ID",
+                   help="continue this run with its own suite and options, skipping done pairs")
+    r.add_argument("--retry", metavar="STATUSES",
+                   help="with --resume: run pairs with these statuses again, e.g. "
+                        "crashed,timeout (the new record supersedes the old)")
+    r.add_argument("--reports", help="reports root (default: reports/ beside the --out folder)")
     r.add_argument("--no-report", action="store_true", help="do not write a report at the end")
     r.add_argument("--no-isolate", action="store_true",
                    help="run jobs in this process (no crash/timeout protection)")
     r.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print the plan (pairs, estimated time, largest inputs) and exit")
+    r.add_argument("--force", action="store_true",
+                   help="run a plan over the limits (100,000 pairs, inputs beyond memory)")
     r.add_argument("--strict", action="store_true",
                    help="exit 1 if any record is wrong, error, crashed or timeout")
     r.set_defaults(func=cmd_run)
@@ -189,13 +301,23 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--name", help="report name (default: the first run's id)")
     rep.add_argument("--out", help="output directory (default: reports/<name>)")
     rep.set_defaults(func=cmd_report)
+    pub = sub.add_parser("publish", help="write reports/index.md and .html: every run under "
+                                         "results/ with its headline, linking its report")
+    pub.add_argument("--results", default="results", help="runs folder (default: results)")
+    pub.add_argument("--reports", default="reports", help="reports folder (default: reports)")
+    pub.add_argument("--rebuild", action="store_true",
+                     help="regenerate every run's report before the index")
+    pub.set_defaults(func=cmd_publish)
     c = sub.add_parser("compare", help="join two runs on (key, backend) and flag regressions")
     c.add_argument("base", help="base run directory")
     c.add_argument("new", help="new run directory")
     c.add_argument("--metric", default="time_ms_median")
     c.add_argument("--threshold", type=float, default=0.10,
                    help="relative change that counts as a regression (default 0.10)")
-    c.add_argument("--fail-on-regression", action="store_true", help="exit 1 on a regression")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 on a regression or a base pair missing from the new run")
+    c.add_argument("--allow-missing", action="store_true",
+                   help="pairs missing from the new run do not fail the gate")
     c.set_defaults(func=cmd_compare)
     return p
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -60,6 +61,8 @@ class RecordWriter:
 
 
 def read_records(run_dir: str | Path) -> list[dict]:
+    """The run's records, one per (key, backend): a pair run again (``--resume --retry``)
+    supersedes its earlier record, which stays in the file as history."""
     path = Path(run_dir) / RECORDS
     if not path.exists():
         return []
@@ -75,20 +78,34 @@ def read_records(run_dir: str | Path) -> list[dict]:
                 continue
             raise BadInput(f"{path}:{n}: not a JSON record; allowed: one JSON object "
                            f"per line") from None
-    return records
+    latest = {(r.get("key"), r.get("backend")): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if latest[(r.get("key"), r.get("backend"))] == i]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and rename: a reader (or a kill) never sees half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def write_meta(run_dir: Path, meta: dict) -> None:
-    path = Path(run_dir) / META
-    path.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n",
-                    encoding="utf-8")
+    write_atomic(Path(run_dir) / META,
+                 json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_meta(run_dir: str | Path) -> dict:
     path = Path(run_dir) / META
     if not path.exists():
         return {}
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: corrupt ({type(exc).__name__}); allowed: the JSON object "
+                       f"attnbench run writes") from None
+    if not isinstance(meta, dict):
+        raise BadInput(f"{path}: not a JSON object; allowed: the object attnbench run writes")
+    return meta
 
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
@@ -100,7 +117,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
 def write_csv(run_dir: Path) -> Path:
     df = records_frame(read_records(run_dir)).drop(columns=["samples_ms"], errors="ignore")
     path = Path(run_dir) / CSV
-    df.to_csv(path, index=False)
+    write_atomic(path, df.to_csv(index=False))
     return path
 
 

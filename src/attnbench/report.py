@@ -1,93 +1,29 @@
-"""Reports: ``reports/<name>/index.md`` and a single-file ``index.html`` with the plots.
+"""Reports: ``reports/<name>/index.md`` and a self-contained ``index.html``, comparison first.
 
-Every number comes from the records of the runs given; nothing is recomputed or typed in.
-The report is built from a list of blocks, rendered once as Markdown and once as HTML.
+Each comparison (declared in the suite, or inferred from backends that ran the same
+problems) gets its panel set per dtype and mode: time, speedup over the baseline, TFLOP/s
+against the measured ceiling, memory against its floor, error against the tolerance, and,
+with approximate backends, error against time with the Pareto front. Then the tables:
+winners per problem, exponents in N, crossovers, reasons records are not ok, the
+environment. Every number comes from the records of the runs given.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from . import bounds, comparisons, insights, metrics, plots, render, runset, tables
+from .claims import claims_table
+from .comparisons import Comparison
+from .render import Bold, Bullets, Figure, Figures, Heading, Para, Table
 
-from . import metrics, records, tables  # noqa: E402
-from .claims import claims_table  # noqa: E402
+FACET = ["dtype", "mode"]
+CHART_KINDS = ("time", "speedup", "tflops", "memory", "error", "pareto")
 
-GROUP = ["dtype", "mask", "mode"]
-
-
-def scaling_exponents(df: pd.DataFrame) -> pd.DataFrame:
-    """Fitted slope of log(median time) over log(N) per line with >= 3 ok sizes."""
-    ok = df[(df["status"] == "ok") & (df["seq_q"] == df["seq_k"])]
-    rows = []
-    keys = [c for c in ["backend", *GROUP, "batch", "heads_q", "head_dim"] if c in ok.columns]
-    for key, g in ok.groupby(keys):
-        g = g.groupby("seq_q")["time_ms_median"].median()
-        if len(g) >= 3:
-            slope = np.polyfit(np.log(g.index.values.astype(float)), np.log(g.values), 1)[0]
-            rows.append(dict(zip(keys, key)) | {"N range": f"{g.index.min()}..{g.index.max()}",
-                                                 "exponent": round(float(slope), 3)})
-    return pd.DataFrame(rows)
-
-
-def _line_label(key, names: list[str]) -> str:
-    key = key if isinstance(key, tuple) else (key,)
-    return " ".join(str(v) if n == "backend" else f"{n}={v}" for n, v in zip(names, key))
-
-
-def _plot_group(g: pd.DataFrame, title: str, path: Path, lines: list[str]) -> bool:
-    """Time (with its 95% interval as error bars) and peak memory over N, one line per
-    ``tables.line_columns`` line: a knob sweep draws a line per knob value."""
-    ok = g[g["status"].isin(["ok", "wrong"])]
-    if ok.empty:
-        return False
-    names = [c for c in lines if c not in GROUP]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for key, b in ok.groupby(names, dropna=False):
-        b = b.sort_values("seq_q")
-        label = _line_label(key, names)
-        t = b["time_ms_median"]
-        if {"time_ms_ci_low", "time_ms_ci_high"} <= set(b.columns):
-            err = [(t - b["time_ms_ci_low"]).clip(lower=0).fillna(0),
-                   (b["time_ms_ci_high"] - t).clip(lower=0).fillna(0)]
-            axes[0].errorbar(b["seq_q"], t, yerr=err, marker="o", capsize=2, label=label)
-        else:
-            axes[0].plot(b["seq_q"], t, marker="o", label=label)
-        if b["peak_mem_bytes"].notna().any():
-            axes[1].plot(b["seq_q"], b["peak_mem_bytes"] / 2**20, marker="o", label=label)
-    for ax, ylabel in zip(axes, ["median time (ms), 95% interval", "peak memory above inputs "
-                                                                     "(MiB)"]):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
-
-
-def steadiness(meta: dict) -> str:
-    """How steady the machine was during the run, from the drift probe."""
-    p = meta.get("probe") or {}
-    if not p.get("n"):
-        return "Drift probe: not recorded in this run."
-    return (f"Drift probe (a fixed matmul timed between rounds): "
-            f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s over the run "
-            f"(spread {p['spread']:.0%} of its median {p['gflops_median']:.3g}); "
-            f"{p.get('noisy_records', 0)} record(s) flagged noisy (probe moved more than "
-            f"{p.get('noise_threshold', 0):.0%} while they were measured; marked ~ in "
-            f"tables).")
+# The chart the test suite spies on for one line per knob value: time against N.
+_plot_group = plots.time_chart
 
 
 def ceiling_check(df: pd.DataFrame) -> str | None:
@@ -101,134 +37,251 @@ def ceiling_check(df: pd.DataFrame) -> str | None:
                             f"{bad[col].max():.0%})")
     if not over:
         return None
-    return ("**Ceiling check failed**: " + "; ".join(over) + ". The ceiling measured at the "
+    return ("; ".join(over) + ". The ceiling measured at the "
             "start of the run was lower than what backends reached later (the machine was "
             "slower then, or the ceiling's workload is not the device's best); read those "
             "fractions as relative only.")
 
 
-def build_blocks(run_dirs: list[Path], out_dir: Path) -> list[tuple]:
-    blocks: list[tuple] = [("h1", "attnbench report")]
-    frames = []
-    for run_dir in run_dirs:
-        meta = records.read_meta(run_dir)
-        df = records.load_results(run_dir)
-        frames.append(df)
-        env = meta.get("environment", {})
-        ceil = meta.get("ceilings", {})
-        mm = ", ".join(f"{k} {v:.3g}" for k, v in ceil.get("matmul_tflops", {}).items())
-        blocks.append(("h2", f"Run {meta.get('run_id', run_dir.name)}"))
-        blocks.append(("p", f"Suite **{meta.get('suite')}** ({meta.get('suite_description', '')})"
-                            f" on **{env.get('device_name')}** ({env.get('device')}), "
-                            f"torch {env.get('torch')}, triton {env.get('triton')}, "
-                            f"{env.get('threads')} threads, commit "
-                            f"{(env.get('git_commit') or '?')[:10]}"
-                            f"{' (dirty)' if env.get('git_dirty') else ''}; "
-                            f"{meta.get('started')} to {meta.get('ended')}."))
-        if ceil:
-            blocks.append(("p", f"Measured ceilings: matmul TFLOP/s {mm}; copy bandwidth "
-                                f"{ceil.get('copy_gbps', 0):.3g} GB/s."))
-        blocks.append(("p", f"Records: {tables.status_counts(df)}."))
-        blocks.append(("p", steadiness(meta)))
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if df.empty:
-        return blocks + [("p", "No records.")]
-    claims = [c for d in run_dirs for c in records.read_meta(d).get("claims", [])]
-    if claims:
-        blocks.append(("h2", "Claims and measurements"))
-        blocks.append(("p", "Each claim is data in the suite; the measurement is computed from "
-                            "this run's ok records (ratios per case, exponents fitted over N), "
-                            "with its 95% interval: 'paired' when both sides were timed in the "
-                            "same interleaved rounds, else a bootstrap. The verdict is "
-                            "'inconclusive' when the interval straddles the expected bound."))
-        blocks.append(("table", claims_table(df, claims).set_index("claim")))
-    lines = tables.line_columns(df)
-    over = ceiling_check(df)
-    if over:
-        blocks.append(("p", over))
-    for m in metrics.tabulated():
-        if m.name not in df.columns or df[m.name].isna().all():
-            continue
-        d = df
-        if m.name.startswith("err_vs_softmax") and "semantics" in df.columns:
-            d = df[df["semantics"] == "approximate"]
-            if d.empty:
+class Report:
+    """The runs, their comparisons and what was drawn; ``blocks`` is the document."""
+
+    def __init__(self, runs: list[runset.Run], out_dir: Path):
+        self.runs = runs
+        self.out = out_dir
+        self.df = runset.combined(runs)
+        self.palette = plots.Palette()
+        self.files: list[str] = []
+        self.claims = {r.label: r.meta.get("claims") or [] for r in runs}
+        planned, self.notes = self._plan()
+        # each comparison with its records and its speedups over the baseline
+        self.planned = [(c, recs, insights.speedups(c, recs)) for c, recs in planned]
+
+    def _plan(self) -> tuple[list[tuple[Comparison, pd.DataFrame]], list[str]]:
+        declared, notes, seen = [], [], set()
+        for run in self.runs:
+            found, note = comparisons.declared_for(run.meta)
+            if note:
+                notes.append(f"{run.label}: {note}.")
+            for c in found:
+                if (c.suite, c.name) not in seen:
+                    seen.add((c.suite, c.name))
+                    declared.append(c)
+        suites = "+".join(dict.fromkeys(r.suite for r in self.runs if r.suite))
+        planned, more = comparisons.plan(self.df, declared, suites)
+        return planned, notes + more
+
+    # ---- headline ---------------------------------------------------------------------
+
+    def headlines(self) -> list[str]:
+        out = []
+        for c, _, sp in self.planned:
+            line = insights.comparison_headline(c, sp)
+            if line:
+                out.append(line)
+        for run in self.runs:
+            verdicts = insights.claim_verdicts(run.records.assign(run_id=run.label),
+                                               self.claims[run.label])
+            if verdicts:
+                out.append(verdicts + (f" ({run.label})" if len(self.runs) > 1 else ""))
+        return out
+
+    # ---- charts -----------------------------------------------------------------------
+
+    @staticmethod
+    def chart_name(kind: str, c: Comparison, facet: tuple) -> str:
+        """What the file shows: time--family-window-vs-causal--float32-fwd.png."""
+        return f"{kind}--{c.slug}--{comparisons.slugify('-'.join(map(str, facet)))}.png"
+
+    def _ceilings(self, recs: pd.DataFrame, dtype: str) -> dict[str, float]:
+        present = set(recs["run_id"])
+        out = {}
+        for run in self.runs:
+            value = bounds.matmul_ceiling(run.meta, dtype)
+            if run.label in present and value:
+                out[run.label] = value
+        return out
+
+    def panel_set(self, c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame, facet: tuple
+                  ) -> list[Figure]:
+        dtype, mode = facet
+        lines = tables.line_columns(recs)
+        where = f"{dtype}, {mode}"
+        title = f"{c.name} ({where})"
+        if not sp.empty:
+            sp = sp[(sp["dtype"] == dtype) & (sp["mode"] == mode)]
+        baseline = c.baseline or ""
+        if c.baseline and c.pair == "shape" and (c.where | c.baseline_where):
+            baseline += " (" + ", ".join(f"{k}={v[0] if isinstance(v, list) else v}" for k, v in
+                                         (c.where | c.baseline_where).items()) + ")"
+        goals = list({g["text"]: g for cl in self.claims.values()
+                      for g in insights.goals(c, cl)}.values())
+        made = [
+            ("time", "Median time against N, 95% interval bands",
+             lambda p: plots.time_chart(recs, f"Time: {title}", p, lines, self.palette, where)),
+            ("speedup", f"Speedup over {baseline} with 95% intervals",
+             lambda p: plots.speedup_chart(
+                 sp, f"Speedup over {baseline}: {title}", p, lines, baseline, goals,
+                 self.palette, where) if c.baseline else None),
+            ("tflops", "TFLOP/s against N, with the measured matmul ceiling",
+             lambda p: plots.tflops_chart(recs, f"Throughput: {title}", p, lines,
+                                          self._ceilings(recs, dtype), self.palette, where)),
+            ("memory", "Peak memory against N, with the inputs+outputs floor and the N^2 "
+                       "score matrix",
+             lambda p: plots.memory_chart(recs, f"Memory: {title}", p, lines, self.palette,
+                                          where)),
+            ("error", "Error against the float64 evaluation, with the dtype's tolerance",
+             lambda p: plots.error_chart(recs, f"Error: {title}", p, lines, self.palette,
+                                         where)),
+            ("pareto", "Error against time at each N, the Pareto front marked",
+             lambda p: plots.pareto_chart(recs, f"Error vs time: {title}", p, lines,
+                                          self.palette, where)
+             if "semantics" in recs and (recs["semantics"] == "approximate").any() else None),
+        ]
+        figures = []
+        for kind, caption, draw in made:
+            name = self.chart_name(kind, c, facet)
+            chart = draw(self.out / name)
+            if chart is not None:
+                self.files.append(name)
+                figures.append(Figure(name, chart.alt, f"{caption}. ({name})"))
+        return figures
+
+    # ---- the document -----------------------------------------------------------------
+
+    def blocks(self) -> list:
+        names = ", ".join(r.label for r in self.runs)
+        out: list = [Heading(1, f"attnbench report: {names}")]
+        suites = ", ".join(dict.fromkeys(r.suite for r in self.runs if r.suite))
+        out.append(Para([f"{len(self.df)} records from {len(self.runs)} run(s) of suite(s) ",
+                         Bold(suites or "?"), ". Each comparison below has its panel set per "
+                         "dtype and mode; every interval is 95%, paired where both sides were "
+                         "timed in the same interleaved rounds. Points that are not ok are "
+                         "marked with their status at the bottom of a chart."]))
+        heads = self.headlines()
+        if heads:
+            out += [Heading(2, "Headline"), Bullets([[h] for h in heads])]
+        out += self._environment()
+        out += self._claims()
+        for c, recs, sp in self.planned:
+            out += self._comparison(c, recs, sp)
+        out += self._tables()
+        return out
+
+    def _environment(self) -> list:
+        out = [Heading(2, "Runs and environment"),
+               Table(insights.environment(self.runs),
+                     "One column per run: the device, versions, the ceilings measured at the "
+                     "start of the run, how steady the drift probe stayed, the commit.")]
+        over = ceiling_check(self.df)
+        if over:
+            out.append(Para([Bold("Ceiling check failed: "), over]))
+        out += [Para([n]) for n in self.notes]
+        return out
+
+    def _claims(self) -> list:
+        out = []
+        for run in self.runs:
+            claims = self.claims[run.label]
+            if not claims:
                 continue
-        blocks.append(("h2", f"{m.section} ({m.shown_unit})"))
-        blocks.append(("p", f"{m.how}. Rows: {', '.join(lines)}; columns: sequence length "
-                            f"(seq_q/seq_k when they differ). Non-ok cells show the status."))
-        blocks.append(("table", tables.pivot(d, m.name, lines)))
-    if "kernel" in df.columns and df["kernel"].notna().any():
-        blocks.append(("h2", "Kernel that ran"))
-        blocks.append(("p", "As recorded by the backend, once per case outside the timed region "
-                            "(for sdpa: the ATen kernel PyTorch dispatched to)."))
-        blocks.append(("table", tables.pivot(df[df["kernel"].notna()], "kernel", lines)))
-    exps = scaling_exponents(df)
-    if not exps.empty:
-        blocks.append(("h2", "Scaling: fitted exponent of time over N"))
-        blocks.append(("table", exps.set_index(list(exps.columns[:-2]))))
+            if not out:
+                out += [Heading(2, "Claims and measurements"),
+                        Para(["Each claim is data in the suite; its measurement comes from the "
+                              "run's ok records with a 95% interval ('paired' when both sides "
+                              "were timed in the same interleaved rounds, else a bootstrap). "
+                              "'inconclusive': the interval straddles an expected bound."])]
+            table = claims_table(run.records.assign(run_id=run.label), claims)
+            out.append(Table(table.set_index("claim"), f"Run {run.label}"))
+        return out
 
-    blocks.append(("h2", "Plots"))
-    for n, (key, g) in enumerate(df.groupby(GROUP)):
-        title = " / ".join(str(k) for k in key)
-        path = out_dir / f"plot_{n:02d}.png"
-        if _plot_group(g, title, path, lines):
-            blocks.append(("img", path.name, title))
+    def _comparison(self, c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame) -> list:
+        out = [Heading(2, f"Comparison {c.name}: {c.title}"), Para([c.describe()]),
+               Para([f"Records: {tables.status_counts(recs)}."])]
+        lines = tables.line_columns(recs)
+        if not sp.empty and "speedup" in sp:
+            n_paired = int(sp["speedup_method"].astype(str).str.startswith("paired").sum())
+            n_ratio = int(sp["speedup"].notna().sum())
+            out += [Heading(3, f"Speedup over {c.baseline}"),
+                    Para([f"The baseline's median time over each backend's, per size, with its "
+                          f"95% interval: from per-round ratios for {n_paired} of {n_ratio} "
+                          f"pairs timed in the same rounds, else a bootstrap of the ratio of "
+                          f"medians. '(n.s.)': the interval includes 1 (paired) or a "
+                          f"Mann-Whitney test finds no difference (p >= 0.05)."]),
+                    Table(insights.speedup_table(sp, lines))]
+            cross = insights.crossovers(sp, lines, c.baseline)
+            if not cross.empty:
+                out += [Heading(3, "Crossovers"),
+                        Para(["Where a backend's speedup over the baseline crosses 1, "
+                              "interpolated on log-log axes between the two sizes that "
+                              "bracket it."]),
+                        Table(cross)]
+        for facet, g in recs.groupby(FACET, sort=False):
+            figures = self.panel_set(c, g, sp, facet)
+            if figures:
+                out += [Heading(3, f"Charts: {c.name}, {' '.join(facet)}"), Figures(figures)]
+        return out
 
-    bad = df[~df["status"].isin(["ok"])]
-    if not bad.empty:
-        blocks.append(("h2", "Records that are not ok"))
-        cols = [c for c in ["backend", "key", "status", "reason"] if c in bad.columns]
-        blocks.append(("table", bad[cols].head(200).set_index(["backend", "key"])))
-    return blocks
+    def _tables(self) -> list:
+        df = self.df
+        lines = tables.line_columns(df)
+        out = []
+        win = insights.winners(df, lines)
+        if not win.empty:
+            out += [Heading(2, "Winners per problem"),
+                    Para(["For every problem (case) two or more backends ran: the fastest ok "
+                          "backend, its margin over the runner-up (the runner-up's time over "
+                          "the winner's, 95% interval) and whether the margin is significant: "
+                          "paired rounds when both were timed together (the interval excludes "
+                          "1), else a Mann-Whitney U test (p < 0.05)."]),
+                    Table(win)]
+        exps = insights.exponents(df, lines)
+        if not exps.empty:
+            out += [Heading(2, "Scaling: exponents in N"),
+                    Para(["Slope of log(median time) and of log(peak memory above the inputs) "
+                          "over log(N), per line with three or more square sizes; R^2 of the "
+                          "log-log fit says how well one power law describes the line (1 is "
+                          "perfect). The time exponent's interval is a bootstrap over each "
+                          "size's samples."]),
+                    Table(exps)]
+        bad = insights.reasons(df)
+        out.append(Heading(2, "Records that are not ok"))
+        out.append(Table(bad, "Grouped by status, backend and reason.") if not bad.empty
+                   else Para(["Every record is ok."]))
+        out += self._metric_tables(df, lines)
+        if "kernel" in df.columns and df["kernel"].notna().any():
+            out += [Heading(2, "Kernel that ran"),
+                    Para(["As recorded by the backend, once per case outside the timed region "
+                          "(for sdpa: the ATen kernel PyTorch dispatched to)."]),
+                    Table(tables.pivot(df[df["kernel"].notna()], "kernel", lines))]
+        return out
 
-
-def _md(blocks) -> str:
-    out = []
-    for kind, *rest in blocks:
-        if kind in ("h1", "h2"):
-            out.append(("#" if kind == "h1" else "##") + " " + rest[0] + "\n")
-        elif kind == "p":
-            out.append(rest[0] + "\n")
-        elif kind == "table":
-            out.append(tables.to_markdown(rest[0]))
-        elif kind == "img":
-            out.append(f"![{rest[1]}]({rest[0]})\n")
-    return "\n".join(out)
-
-
-def _html_inline(text: str) -> str:
-    parts = html.escape(text).split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
-
-
-def _html(blocks, out_dir: Path) -> str:
-    body = []
-    for kind, *rest in blocks:
-        if kind in ("h1", "h2"):
-            body.append(f"<{kind}>{html.escape(rest[0])}</{kind}>")
-        elif kind == "p":
-            body.append(f"<p>{_html_inline(rest[0])}</p>")
-        elif kind == "table":
-            t = rest[0]
-            body.append(t.to_html(border=0, classes="t") if not t.empty else "<p>(none)</p>")
-        elif kind == "img":
-            data = base64.b64encode((out_dir / rest[0]).read_bytes()).decode()
-            body.append(f'<figure><img alt="{html.escape(rest[1])}" '
-                        f'src="data:image/png;base64,{data}"></figure>')
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;}"
-             "table.t{border-collapse:collapse;font-size:12px;margin:0.5em 0}"
-             "table.t td,table.t th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-             "img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>attnbench report</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+    def _metric_tables(self, df: pd.DataFrame, lines: list[str]) -> list:
+        out = [Heading(2, "Tables by metric"),
+               Para([f"Rows: {', '.join(lines)}; columns: sequence length (seq_q/seq_k when "
+                     f"they differ). Non-ok cells show the status; ~ marks a noisy record, "
+                     f"WRONG a value above the tolerance."])]
+        for m in metrics.tabulated():
+            if m.name not in df.columns or df[m.name].isna().all():
+                continue
+            d = df
+            if m.name.startswith("err_vs_softmax") and "semantics" in df.columns:
+                d = df[df["semantics"] == "approximate"]
+                if d.empty:
+                    continue
+            out += [Heading(3, f"{m.section} ({m.shown_unit})"), Para([f"{m.how}."]),
+                    Table(tables.pivot(d, m.name, lines))]
+        return out
 
 
 def build_report(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
-    runs = [Path(r) for r in run_dirs]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    blocks = build_blocks(runs, out)
-    (out / "index.md").write_text(_md(blocks), encoding="utf-8")
-    (out / "index.html").write_text(_html(blocks, out), encoding="utf-8")
+    report = Report(runset.load(run_dirs), out)
+    blocks = report.blocks()
+    for stale in out.glob("*.png"):  # charts of an earlier build that this one did not draw
+        if stale.name not in report.files:
+            stale.unlink()
+    title = "attnbench report: " + ", ".join(r.label for r in report.runs)
+    render.write(blocks, out, title)
     return out

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import environment, probe, records
+from . import environment, probe, records, rundir
 from .case import Case
 from .errors import BadInput
 from .pairing import job_groups
@@ -29,6 +29,8 @@ class RunOptions:
     threads: int | None = None
     progress: bool = True
     measure_ceilings: bool = True
+    retry: tuple[str, ...] = ()  # with resume: statuses whose pairs run again
+    invocation: dict = dataclasses.field(default_factory=dict)  # what --resume replays
 
 
 def resolve_device(device: str | None) -> str:
@@ -45,7 +47,7 @@ def resolve_device(device: str | None) -> str:
 
 def default_run_id(suite: Suite, device: str) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{suite.name}-{torch.device(device).type}"
+    return f"{stamp}-{rundir.slug(suite.name)}-{torch.device(device).type}"
 
 
 def _group(case: Case) -> str:
@@ -74,21 +76,28 @@ class OomTracker:
 
 def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
     device = resolve_device(device)
+    jobs = suite.jobs_on(device)
+    if options.run_id:  # a name is checked before anything is created
+        rundir.check_name(options.run_id, "--resume" if options.resume else "--run-id")
+    root = rundir.out_root(options.out)
+    if options.resume:
+        run_dir = root / options.run_id
+        if not (run_dir / records.META).exists():
+            raise BadInput(f"--resume {options.run_id}: no such run under {options.out}")
+    else:
+        run_id = options.run_id or default_run_id(suite, device)
+        run_dir = rundir.new_run_dir(root, run_id, explicit=bool(options.run_id))
+    with rundir.RunLock(run_dir):
+        return _run_locked(suite, device, options, jobs, run_dir)
+
+
+def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: Path) -> Path:
     threads = options.threads or (torch.get_num_threads() if device == "cpu" else None)
-    for sweep in suite.sweeps:
-        sweep.axes["device"] = [device]
-    jobs = suite.jobs()
-    run_id = options.run_id or default_run_id(suite, device)
-    run_dir = Path(options.out) / run_id
+    run_id = run_dir.name
     done: set[tuple[str, str]] = set()
     if options.resume:
-        if not run_dir.exists():
-            raise BadInput(f"--resume {run_id}: no such run under {options.out}")
-        done = {(r["key"], r["backend"]) for r in records.read_records(run_dir)}
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        raise BadInput(f"{run_dir}: run directory already exists; pass --resume to continue it "
-                       f"or choose another --run-id")
-    run_dir.mkdir(parents=True, exist_ok=True)
+        done = {(r["key"], r["backend"]) for r in records.read_records(run_dir)
+                if r.get("status") not in options.retry}
 
     if threads:
         torch.set_num_threads(threads)
@@ -112,6 +121,7 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
         "environment_id": environment.env_id(env),
         "timing": dataclasses.asdict(suite.timing) | {"timeout_s": suite.timeout_s},
         "isolated": options.isolate,
+        "invocation": options.invocation or meta.get("invocation", {}),
         "started": meta.get("started") or dt.datetime.now().astimezone().isoformat(),
         "ended": None,
     })
@@ -122,7 +132,9 @@ def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
     try:
         if options.measure_ceilings and "ceilings" not in meta:
             dtypes = sorted({c.dtype for c, _ in jobs})
+            bar.set_description_str(f"attnbench {suite.name}: measuring the device's ceilings")
             meta["ceilings"] = executor.ceilings(dtypes, device)  # in the measuring process
+            bar.set_description_str(f"attnbench {suite.name}")
         records.write_meta(run_dir, meta)
         run_jobs(bar, executor, suite, run_dir, run_id, env, meta.get("ceilings") or {})
     finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .case import MODES, Case
 from .claims import validate_claims
+from .comparisons import Comparison, validate_comparisons
 from .dtypes import DTYPES, canonical_dtype
 from .errors import BadInput
 from .masks import MASK_KINDS, MaskSpec
@@ -28,11 +29,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "defaults", "sweep",
-            "claim")
+            "claim", "comparison")
 SWEEP_KEYS = ("name", "backends", "axes", "exclude")
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "processes": int}
+# Upper bounds: beyond them a value is a typo, not a plan (a week, a million samples).
+TIMING_MAX = {"warmup_s": 3600.0, "budget_s": 86400.0, "timeout_s": 604800.0,
+              "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
+              "noise_threshold": 100.0, "processes": 100}
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
 INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
@@ -84,6 +89,7 @@ class Suite:
     timeout_s: float
     sweeps: list[Sweep]
     claims: list[dict] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)  # the report's panel sets
 
     def jobs(self) -> list[tuple[Case, str]]:
         """(case, backend) pairs in run order: every backend of a case together, sizes rising."""
@@ -97,6 +103,12 @@ class Suite:
                     seen.add((case.key, backend))
                     jobs.append((case, backend))
         return jobs
+
+    def jobs_on(self, device: str) -> list[tuple[Case, str]]:
+        """The jobs with every case on ``device`` (what a run on it will execute)."""
+        for sweep in self.sweeps:
+            sweep.axes["device"] = [device]
+        return self.jobs()
 
     @property
     def backends(self) -> list[str]:
@@ -243,7 +255,9 @@ def load_suite(name_or_path: str, known_backends: list[str] | None = None) -> Su
     try:
         data = tomllib.loads(raw_bytes.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: not valid TOML: {exc}") from None
+        raise BadInput(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise BadInput(f"{path}: not valid TOML: nested too deeply") from None
     return parse_suite(data, path, known_backends, hashlib.sha256(raw_bytes).hexdigest()[:16])
 
 
@@ -261,11 +275,13 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
     timing = {}
     for key, value in timing_raw.items():
         kind = TIMING_KEYS[key]
-        floor_ok = value >= 0 if key == "warmup_s" else value > 0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not floor_ok or (
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        floor_ok = number and (value >= 0 if key == "warmup_s" else value > 0)
+        if not floor_ok or not math.isfinite(value) or value > TIMING_MAX.get(key, 1e6) or (
                 kind is int and not isinstance(value, int)):
             sign = "non-negative" if key == "warmup_s" else "positive"
-            v.fail(f"timing.{key}", value, f"must be a {sign} {kind.__name__}")
+            v.fail(f"timing.{key}", value, f"must be a {sign} {kind.__name__} "
+                                           f"(at most {TIMING_MAX.get(key, 1e6):g})")
         timing[key] = value
     timeout_s = float(timing.pop("timeout_s", 600.0))
     defaults = v.axes(data.get("defaults", {}), "defaults.")
@@ -289,6 +305,9 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
         v.unknown_keys(s, SWEEP_KEYS, where)
         backends = v.backends(s.get("backends", data.get("backends")), f"{where}backends")
         axes = dict(defaults) | v.axes(s.get("axes", {}), f"{where}axes.")
+        if not axes:
+            v.fail(f"{where}axes", {}, "empty; give at least seq_len (a default case is "
+                                       "never run silently)")
         if "seq_len" in axes and ({"seq_q", "seq_k"} & set(axes)):
             v.fail(f"{where}axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
                                                             "not both")
@@ -302,7 +321,8 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
         sweeps.append(sweep)
     return Suite(name, str(data.get("description", "")), str(path), content_hash,
                  TimingBudget(**timing), timeout_s, sweeps,
-                 validate_claims(data.get("claim"), path))
+                 validate_claims(data.get("claim"), path),
+                 validate_comparisons(data.get("comparison"), path, v.axes, v.backends))
 
 
 def override_axes(suite: Suite, **axes) -> Suite:

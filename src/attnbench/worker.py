@@ -48,6 +48,13 @@ def setup_process(threads: int | None) -> None:
 
 
 def _worker_main(conn, threads: int | None) -> None:
+    try:
+        _serve(conn, threads)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
+        pass  # the parent reports the interruption
+
+
+def _serve(conn, threads: int | None) -> None:
     setup_process(threads)
     cache = CaseCache()
     probes = Probes()

@@ -1,0 +1,59 @@
+"""The published index: ``reports/index.md`` and ``reports/index.html``.
+
+One row per run under ``results/`` that holds records: its device, suite, date, commit and
+headline (each comparison's winner at its largest size, and the suite's goal verdicts),
+linking the run's report (``reports/<run-id>/``). Like a report, the HTML needs nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from . import records, render, runset, tables
+from .render import Bold, Heading, Link, Para, Table
+from .report import Report, build_report
+
+
+def published_runs(results: Path) -> list[Path]:
+    """Run folders holding records, newest first (run ids start with their date)."""
+    runs = [d for d in results.iterdir() if d.is_dir() and (d / records.RECORDS).is_file()
+            and records.read_records(d)]
+    return sorted(runs, key=lambda d: (str(records.read_meta(d).get("started") or ""), d.name),
+                  reverse=True)
+
+
+def _row(run_dir: Path, reports: Path) -> dict:
+    run = runset.load([run_dir])[0]
+    report_dir = reports / run_dir.name
+    if (report_dir / "index.html").is_file():
+        name = Link(run.run_id, f"{run_dir.name}/index.html", f"{run_dir.name}/index.md")
+    else:
+        name = [run.run_id, " (no report: ", Bold(f"attnbench report {run_dir}"), ")"]
+    headline = Report([run], report_dir).headlines()
+    return {"run": name, "device": run.device, "suite": run.suite or "-", "date": run.date,
+            "commit": run.commit, "records": tables.status_counts(run.records),
+            "headline": "; ".join(headline) or "-"}
+
+
+def build_index(results: str | Path = "results", reports: str | Path = "reports",
+                rebuild: bool = False) -> Path:
+    """Write the index (and, with ``rebuild``, every run's report first)."""
+    results, reports = Path(results), Path(reports)
+    reports.mkdir(parents=True, exist_ok=True)
+    runs = published_runs(results)
+    if rebuild:
+        for d in runs:
+            build_report([d], reports / d.name)
+    rows = [_row(d, reports) for d in runs]
+    blocks = [
+        Heading(1, "attnbench: published runs"),
+        Para([f"{len(rows)} run(s) under {results}/, newest first. Each links its report: "
+              "comparisons with their charts, winners, exponents, crossovers, claims and the "
+              "environment. Headline: each comparison's fastest backend against its baseline "
+              "at the largest size measured (95% interval), and the suite's goal verdicts."]),
+        Table(pd.DataFrame(rows)),
+    ]
+    render.write(blocks, reports, "attnbench: published runs")
+    return reports

@@ -1,0 +1,22 @@
+"""Selecting records with a ``where`` table, as claims and comparisons declare them.
+
+``where`` maps case fields to a value or a list of values; ``seq_len`` selects both lengths.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def values(v) -> list:
+    return v if isinstance(v, list) else [v]
+
+
+def where_mask(df: pd.DataFrame, where: dict) -> pd.Series:
+    """True for the records that match every entry of ``where``."""
+    keep = pd.Series(True, index=df.index)
+    for k, v in where.items():
+        cols = ("seq_q", "seq_k") if k == "seq_len" else (k,)
+        for col in cols:
+            keep &= df[col].isin(values(v)) if col in df.columns else False
+    return keep

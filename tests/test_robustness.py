@@ -1,0 +1,253 @@
+"""Hostile input and interrupted runs: one line and exit 2 for bad input, nothing written
+outside --out, resume replays the run's own options, retries supersede, compare notices
+what is missing."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnbench.cli import main
+from attnbench.errors import BadInput
+from attnbench.records import RECORDS, read_meta, read_records
+from attnbench.rundir import RunLock, new_run_dir, slug
+from attnbench.suite import AXIS_KEYS, TIMING_KEYS, TOP_KEYS, parse_suite
+
+TINY = """
+name = "tiny"
+backends = ["naive", "sdpa"]
+[timing]
+warmup_s = 0.0
+budget_s = 0.002
+min_reps = 2
+max_reps = 3
+[axes]
+heads_q = 1
+head_dim = 8
+seq_len = [16, 32]
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def run(*argv) -> int:
+    return main(["run", "--no-isolate", "--no-progress", "--no-report", *argv])
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnbench: error: ") and "\n" not in err, err
+    assert "Traceback" not in err
+    return err
+
+
+def files_under(path: Path) -> set[Path]:
+    return {p for p in path.rglob("*")} if path.exists() else set()
+
+
+def test_bare_resume_replays_the_runs_own_suite_and_flags(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--seq-len", "16,32", "--backends", "naive",
+               "--out", str(out), "--run-id", "F") == 0
+    full = read_records(out / "F")
+    assert len(full) == 2
+    lines = (out / "F" / RECORDS).read_text().splitlines()
+    (out / "F" / RECORDS).write_text(lines[0] + "\n" + lines[1][:20])  # killed mid-write
+    capsys.readouterr()
+    assert run("--resume", "F", "--out", str(out)) == 0  # no --suite: the run's own
+    again = read_records(out / "F")
+    assert sorted((r["key"], r["backend"]) for r in again) == \
+        sorted((r["key"], r["backend"]) for r in full)
+    assert read_meta(out / "F")["suite"] == "tiny"
+    assert run("--resume", "F", "--out", str(out), "--suite", "quick") == 2
+    assert "contradicts the run being resumed" in one_line_error(capsys)
+
+
+def test_retry_supersedes_the_crashed_record(tiny, tmp_path):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "R") == 0
+    path = out / "R" / RECORDS
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    recs[0] |= {"status": "crashed", "reason": "worker process killed by signal SIGSEGV"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert run("--resume", "R", "--out", str(out), "--retry", "crashed,timeout") == 0
+    after = read_records(out / "R")
+    assert len(after) == len(recs) and all(r["status"] == "ok" for r in after)
+    assert len(path.read_text().splitlines()) == len(recs) + 1  # history kept in the file
+
+
+@pytest.mark.parametrize("run_id", ["../escape", "a/b", "x" * 230, "nul\x00byte", ".hidden"])
+def test_unsafe_run_ids_are_refused(tiny, tmp_path, capsys, run_id):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", run_id) == 2
+    assert "--run-id" in one_line_error(capsys)
+    assert files_under(tmp_path) <= {tiny} | files_under(out)
+    assert not (tmp_path / "escape").exists()
+
+
+def test_suite_names_become_slugs_inside_out(tmp_path):
+    path = tmp_path / "evil.toml"
+    path.write_text(TINY.replace('name = "tiny"', 'name = "../../../../tmp/X/' + "y" * 300
+                                 + '"'))
+    out = tmp_path / "results"
+    assert run("--suite", str(path), "--out", str(out), "--backends", "naive") == 0
+    (run_dir,) = list(out.iterdir())
+    assert run_dir.parent == out and len(run_dir.name) < 100
+    assert slug("../../x y/z") == "x-y-z"
+
+
+def test_two_runs_in_the_same_second_get_two_folders(tmp_path):
+    a = new_run_dir(tmp_path, "20261130-120000-quick-cpu", explicit=False)
+    b = new_run_dir(tmp_path, "20261130-120000-quick-cpu", explicit=False)
+    assert a != b and b.name.endswith("-2")
+
+
+def test_a_locked_run_refuses_a_second_writer(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "L") == 0
+    with RunLock(out / "L"):
+        assert run("--resume", "L", "--out", str(out)) == 2
+    assert "a run is writing to it" in one_line_error(capsys)
+
+
+def test_dry_run_plans_and_writes_nothing(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--dry-run") == 0
+    assert "4 (case, backend) pairs over 2 cases" in capsys.readouterr().out
+    assert not out.exists()
+    assert run("--suite", str(tiny), "--out", str(out), "--seq-len", "1000000000") == 2
+    assert "plan refused" in one_line_error(capsys) and not out.exists()
+
+
+def test_compare_counts_what_is_missing(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "A") == 0
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "B",
+               "--backends", "naive") == 0
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "C", "--backends",
+               "sdpa", "--seq-len", "64") == 0
+    capsys.readouterr()
+    a, b, c = (str(out / x) for x in "ABC")
+    assert main(["compare", a, c, "--fail-on-regression"]) == 1
+    assert "nothing was compared" in capsys.readouterr().out
+    assert main(["compare", a, b, "--fail-on-regression"]) == 1
+    assert "missing: 2 pair(s) of the base run" in capsys.readouterr().out
+    assert main(["compare", a, b, "--fail-on-regression", "--allow-missing"]) == 0
+
+
+def _bad_suite(tmp_path, text):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--backends", ""], ["--dtype", ""], ["--threads", "-1"], ["--seq-len", "0"],
+    ["--retry", "crashed"], ["--device", "tpu"],
+])
+def test_bad_command_lines(tiny, tmp_path, capsys, argv):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), *argv) == 2
+    one_line_error(capsys)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("patch", [
+    ('budget_s = 0.002', 'budget_s = "fast"'),
+    ('budget_s = 0.002', 'timeout_s = [1]'),
+    ('budget_s = 0.002', 'timeout_s = inf'),
+    ('budget_s = 0.002', 'timeout_s = 1e308'),
+    ('seq_len = [16, 32]', 'seq_len = ' + '[' * 500 + '1' + ']' * 500),
+    ('[axes]\nheads_q = 1\nhead_dim = 8\nseq_len = [16, 32]', '[axes]'),
+    ('[timing]', '[[claim]]\ntext = "t"\nkind = "value"\nbackend = "naive"\n'
+                 'metric = "reason"\n[timing]'),
+])
+def test_bad_suites(tmp_path, capsys, patch):
+    text = TINY.replace(*patch)
+    assert text != TINY
+    out = tmp_path / "results"
+    assert run("--suite", _bad_suite(tmp_path, text), "--out", str(out)) == 2
+    one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_bad_files_and_outputs(tiny, tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert run("--suite", str(tiny), "--out", str(a_file)) == 2
+    assert "is a file" in one_line_error(capsys)
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "M") == 0
+    (out / "M" / "meta.json").write_text("{not json")
+    capsys.readouterr()
+    assert run("--resume", "M", "--out", str(out)) == 2
+    assert "corrupt" in one_line_error(capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / RECORDS).write_text("")
+    assert main(["report", str(empty)]) == 2
+    assert "holds no record" in one_line_error(capsys)
+    assert main(["compare", str(out / "M"), str(out / "M"), "--metric", "reason"]) == 2
+    one_line_error(capsys)
+    assert main(["compare", str(out / "M"), str(out / "M"), "--threshold", "-5"]) == 2
+    one_line_error(capsys)
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        assert run("--suite", str(tiny), "--out", str(ro / "x")) == 2
+        one_line_error(capsys)
+
+
+# ---- fuzzing: any suite either loads or fails with one BadInput line --------------------
+
+scalars = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                    st.text(max_size=12), st.booleans(), st.just(math.inf))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=8)
+keys = st.sampled_from(list(AXIS_KEYS) + list(TIMING_KEYS) + ["junk", "backends", "name"])
+tables = st.dictionaries(keys, values, max_size=6)
+suites = st.fixed_dictionaries(
+    {}, optional={"name": st.one_of(st.text(max_size=30), scalars),
+                  "backends": st.one_of(st.lists(st.sampled_from(["naive", "sdpa", "nope"]),
+                                                 max_size=3), scalars),
+                  "axes": st.one_of(tables, scalars), "timing": st.one_of(tables, scalars),
+                  "defaults": tables, "sweep": st.one_of(st.lists(tables, max_size=3), scalars),
+                  "exclude": st.one_of(st.lists(tables, max_size=2), scalars),
+                  "claim": st.one_of(st.lists(tables, max_size=2), scalars),
+                  "colour": scalars})
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=suites)
+def test_fuzzed_suites_load_or_fail_with_one_line(data):
+    assert set(data) <= set(TOP_KEYS) | {"colour"}
+    try:
+        suite = parse_suite(data, Path("fuzz.toml"), ["naive", "sdpa"])
+    except BadInput as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("fuzz.toml")
+        return
+    suite.jobs()  # a suite that loads expands into jobs without an exception
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(argv=st.lists(st.sampled_from(["--seq-len", "--dtype", "--backends", "--threads",
+                                      "--device", "--retry", "0", "-1", "", "x", "16",
+                                      "float32", "naive", "1e9", "cuda", ","]), max_size=6))
+def test_fuzzed_command_lines_dry_run(tmp_path_factory, argv):
+    out = tmp_path_factory.mktemp("fuzz") / "results"
+    try:
+        code = main(["run", "--dry-run", "--out", str(out), "--suite", "quick", *argv])
+    except SystemExit as exc:  # argparse: usage error, exit 2
+        code = exc.code
+    assert code in (0, 2)
+    assert not out.exists()
