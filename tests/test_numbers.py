@@ -203,3 +203,17 @@ def test_groups_are_timed_in_fresh_processes_and_pooled(fake_backends, write_sui
     assert slow["pair_group"] == fast["pair_group"]
     ratio = stats.paired_ratio_interval(slow["samples_ms"], fast["samples_ms"])
     assert ratio.contains(2.0), ratio
+
+
+def test_shape_paired_comparisons_and_sided_claims_are_timed_together():
+    from attnbench.pairing import job_groups
+    from attnbench.suite import load_suite
+
+    suite = load_suite("family", sorted(all_backends()))
+    groups = job_groups(suite.jobs(), suite.claims, suite.comparisons)
+    for n in (1024, 2048, 4096, 8192):  # the window-vs-causal comparison, at every N
+        (group,) = [g for g in groups if any(c.seq_q == n and c.mask == "causal"
+                                             for c, _ in g)]
+        assert {(c.mask, b) for c, b in group} == {
+            ("causal", "sdpa"), ("window(255,0)", "sliding_window"), ("window(255,0)", "naive")}
+    assert sum(len(g) for g in groups) == len(suite.jobs())

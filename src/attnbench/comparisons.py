@@ -186,10 +186,13 @@ def validate_comparisons(raw, path, axes: Callable[[dict, str], dict],
 
 
 def declared_for(meta: dict) -> tuple[list[Comparison], str]:
-    """The comparisons the run's suite declares (from its suite file, which the report
-    reads as it is now), and a note when the suite could not be read."""
+    """The comparisons the run's suite declared: as recorded in meta.json, or (runs from
+    before that) from its suite file as it is now; a note when neither can be read."""
     from .suite import load_suite
 
+    if isinstance(meta.get("comparisons"), list):  # recorded by the run itself
+        return [_with_suite(Comparison(**(d | {"backends": tuple(d["backends"])})),
+                            meta.get("suite", "")) for d in meta["comparisons"]], ""
     source = meta.get("suite_path") or meta.get("suite")
     if not source:
         return [], ""

@@ -1,8 +1,9 @@
 """Which jobs are timed together in interleaved rounds.
 
 Backends that run the same problem (one case key) form a group. A ratio claim whose sides
-select different cases (a window against causal) joins the two sides' groups when their
-shapes match (claims.SHAPE), so its ratio comes from paired rounds too. Groups keep the
+select different cases (a window against causal), and a comparison paired on shape, join
+the two sides' groups when their shapes match (claims.SHAPE), so their ratios come from
+paired rounds too. Groups keep the
 order in which the suite lists their first job (sizes rising within a line).
 """
 
@@ -18,7 +19,32 @@ def _shape(case: Case) -> tuple:
     return tuple(getattr(case, f) for f in SHAPE)
 
 
-def job_groups(jobs: list[Job], claims: list[dict] | None = None) -> list[list[Job]]:
+def _in(case: Case, where: dict) -> bool:
+    for k, v in where.items():
+        values = v if isinstance(v, list) else [v]
+        if k == "seq_len":
+            if case.seq_q not in values or case.seq_k not in values:
+                return False
+        elif getattr(case, k, None) not in values:
+            return False
+    return True
+
+
+def _sides(claims, comparisons):
+    """(is_numerator_side, is_denominator_side) predicates of every shape-joined pairing."""
+    for claim in claims or []:
+        if claim.get("kind") == "ratio" and ({"numerator_where", "denominator_where"}
+                                              & set(claim)):
+            yield (lambda c, b, cl=claim: side_matches(cl, "numerator", c, b),
+                   lambda c, b, cl=claim: side_matches(cl, "denominator", c, b))
+    for comp in comparisons or []:
+        if comp.pair == "shape":
+            yield (lambda c, b, k=comp: b == k.baseline and _in(c, k.where | k.baseline_where),
+                   lambda c, b, k=comp: b in k.backends and _in(c, k.where | k.backends_where))
+
+
+def job_groups(jobs: list[Job], claims: list[dict] | None = None,
+               comparisons: list | None = None) -> list[list[Job]]:
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -32,13 +58,10 @@ def job_groups(jobs: list[Job], claims: list[dict] | None = None) -> list[list[J
 
     for case, _ in jobs:
         find(case.key)
-    for claim in claims or []:
-        if claim.get("kind") != "ratio" or not ({"numerator_where", "denominator_where"}
-                                                & set(claim)):
-            continue
-        num = {_shape(c): c.key for c, b in jobs if side_matches(claim, "numerator", c, b)}
+    for first, second in _sides(claims, comparisons):
+        num = {_shape(c): c.key for c, b in jobs if first(c, b)}
         for c, b in jobs:
-            if side_matches(claim, "denominator", c, b) and _shape(c) in num:
+            if second(c, b) and _shape(c) in num:
                 union(c.key, num[_shape(c)])
     groups: dict[str, list[Job]] = {}
     for job in jobs:

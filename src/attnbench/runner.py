@@ -117,6 +117,7 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
         "suite_path": suite.path,
         "suite_hash": suite.content_hash,
         "claims": suite.claims,
+        "comparisons": [dataclasses.asdict(c) for c in suite.comparisons],
         "environment": env,
         "environment_id": environment.env_id(env),
         "timing": dataclasses.asdict(suite.timing) | {"timeout_s": suite.timeout_s},
@@ -157,7 +158,7 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
     env_id = environment.env_id(env)
     oom = OomTracker()
     with records.RecordWriter(run_dir) as writer:
-        for group in job_groups(list(bar.iterable), suite.claims):
+        for group in job_groups(list(bar.iterable), suite.claims, suite.comparisons):
             case0, backend0 = group[0]
             bar.set_postfix_str(f"{'+'.join(b for _, b in group)} {case0.mask} {case0.mode} "
                                 f"N={case0.seq_q}", refresh=False)
