@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -157,5 +158,82 @@ class DriftingFast(Drifting):
     units = 1.0
 
 
+class Aborts(Fake):
+    """Says something on stderr, then aborts (SIGABRT): the record quotes what it said."""
+
+    name = "fake_abort"
+
+    def build(self, case, inputs):
+        print("fake_abort: giving up on purpose", file=sys.stderr, flush=True)
+        os.abort()
+
+
+class WrongShape(Fake):
+    name = "fake_shape"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+        return lambda q, k, v: exact(q, k, v)[..., :-1]
+
+
+class Chatty(Fake):
+    """Prints on stdout and stderr at every call: none of it may reach the run's output."""
+
+    name = "fake_chatty"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+
+        def f(q, k, v):
+            print("fake_chatty: stdout noise", flush=True)
+            print("fake_chatty: stderr noise", file=sys.stderr, flush=True)
+            return exact(q, k, v)
+
+        return f
+
+
+class ChangesState(Fake):
+    """Changes torch's process-wide settings in setup and leaves them changed."""
+
+    name = "fake_state"
+
+    def build(self, case, inputs):
+        torch.set_num_threads(1)
+        torch.set_default_dtype(torch.float64)
+        torch.use_deterministic_algorithms(True)
+        return _exact(case)
+
+
+class ChecksState(Fake):
+    """Refuses to run (unsupported) under settings another backend left behind."""
+
+    name = "fake_state_check"
+
+    def build(self, case, inputs):
+        problems = []
+        if torch.get_default_dtype() != torch.float32:
+            problems.append(f"default dtype {torch.get_default_dtype()}")
+        if torch.are_deterministic_algorithms_enabled():
+            problems.append("deterministic algorithms on")
+        expect = os.environ.get("FAKE_EXPECT_THREADS")  # the run's thread count
+        if expect and torch.get_num_threads() != int(expect):
+            problems.append(f"{torch.get_num_threads()} threads")
+        if problems:
+            raise NotSupported(self.name, ["leaked state: " + ", ".join(problems)])
+        return _exact(case)
+
+
+class Hog(Fake):
+    """Allocates seq_q x 32 MiB on top of the case (16 -> 512 MiB, 256 -> 8 GiB)."""
+
+    name = "fake_hog"
+
+    def build(self, case, inputs):
+        ballast = torch.ones(case.seq_q * 2**25, dtype=torch.uint8)
+        exact = _exact(case)
+        return lambda q, k, v: exact(q, k, v) + 0 * ballast[0]
+
+
 BACKENDS = [OomAbove(), Raises(), Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(),
-            Refuses(), DriftingSlow(), DriftingFast()]
+            Refuses(), DriftingSlow(), DriftingFast(), Aborts(), WrongShape(), Chatty(),
+            ChangesState(), ChecksState(), Hog()]

@@ -37,14 +37,31 @@ def _ints(option: str, text: str | None) -> list[int] | None:
 
 
 # The run options a --resume takes from the run itself (meta.json's "invocation").
-REPLAYED = ("suite", "backends", "dtype", "seq_len", "device", "threads", "isolate")
+REPLAYED = ("suite", "backends", "dtype", "seq_len", "device", "threads", "isolate",
+            "max_memory")
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _size(option: str, text: str | None) -> int | None:
+    """'8G', '512M', '1073741824' -> bytes (at least 1 GiB: the worker itself needs it)."""
+    if text is None:
+        return None
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in SIZE_UNITS and not t[-1:].isdigit() else ""
+    try:
+        value = float(t[: len(t) - len(unit)]) * SIZE_UNITS[unit]
+    except ValueError:
+        value = -1
+    if not (2**30 <= value < 2**60):
+        raise BadInput(f"{option} {text!r}: allowed: a size of at least 1G, e.g. 8G or 512000M")
+    return int(value)
 
 
 def _invocation(args) -> dict:
     """What this command line asks for, as --resume will replay it."""
     return {"suite": args.suite or "quick", "backends": args.backends, "dtype": args.dtype,
             "seq_len": args.seq_len, "device": args.device or "auto", "threads": args.threads,
-            "isolate": not args.no_isolate}
+            "isolate": not args.no_isolate, "max_memory": args.max_memory}
 
 
 def _replay(args) -> dict:
@@ -61,7 +78,8 @@ def _replay(args) -> dict:
                        f"allowed: --resume of a run this version started")
     given = _invocation(args)
     for key in REPLAYED:
-        flag = {"seq_len": "--seq-len", "isolate": "--no-isolate"}.get(key, f"--{key}")
+        flag = {"seq_len": "--seq-len", "isolate": "--no-isolate",
+                "max_memory": "--max-memory"}.get(key, f"--{key}")
         explicit = getattr(args, key, None) if key != "isolate" else (
             False if args.no_isolate else None)
         if key == "device":
@@ -118,7 +136,10 @@ def cmd_run(args) -> int:
     options = RunOptions(out=Path(args.out), run_id=args.run_id or args.resume,
                          resume=bool(args.resume), isolate=inv["isolate"],
                          threads=inv["threads"], progress=not args.no_progress, retry=retry,
-                         invocation=inv)
+                         invocation=inv, max_memory_bytes=_size("--max-memory", inv.get(
+                             "max_memory")))
+    if options.max_memory_bytes and not options.isolate:
+        raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
     run_dir = run_suite(suite, device, options)
     df = records.load_results(run_dir)
     median = metrics.get("time_ms_median")
@@ -280,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run jobs in this process (no crash/timeout protection)")
     r.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--max-memory", metavar="SIZE",
+                   help="cap the worker's address space (e.g. 8G): beyond it a pair is oom "
+                        "and larger cases of its line are skipped")
     r.add_argument("--dry-run", action="store_true",
                    help="print the plan (pairs, estimated time, largest inputs) and exit")
     r.add_argument("--force", action="store_true",

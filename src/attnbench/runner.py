@@ -17,7 +17,9 @@ from .errors import BadInput
 from .pairing import job_groups
 from .record import FORMAT_VERSION, Record
 from .suite import Suite
-from .worker import InProcessExecutor, IsolatedExecutor
+from .worker import InProcessExecutor, IsolatedExecutor, WorkerConfig
+
+WORKER_LOG = "worker.log"  # what backends print, and a crashed worker's last words
 
 
 @dataclass
@@ -30,6 +32,7 @@ class RunOptions:
     progress: bool = True
     measure_ceilings: bool = True
     retry: tuple[str, ...] = ()  # with resume: statuses whose pairs run again
+    max_memory_bytes: int | None = None  # address-space cap of the worker (RLIMIT_AS)
     invocation: dict = dataclasses.field(default_factory=dict)  # what --resume replays
 
 
@@ -126,7 +129,11 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
         "started": meta.get("started") or dt.datetime.now().astimezone().isoformat(),
         "ended": None,
     })
-    executor = (IsolatedExecutor if options.isolate else InProcessExecutor)(threads)
+    if options.isolate:
+        executor = IsolatedExecutor(config=WorkerConfig(
+            threads, options.max_memory_bytes, str(run_dir / WORKER_LOG)))
+    else:
+        executor = InProcessExecutor(threads)
     todo = [(c, b) for c, b in jobs if (c.key, b) not in done]
     bar = tqdm(todo, desc=f"attnbench {suite.name}", unit="job", disable=not options.progress,
                dynamic_ncols=True)  # iterated by group in run_jobs, updated per record

@@ -11,7 +11,11 @@ crashed or hung is rerun one job at a time, so only the guilty job's record says
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import resource
 import signal
+import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -47,15 +51,60 @@ def setup_process(threads: int | None) -> None:
     configure_allocator()
 
 
-def _worker_main(conn, threads: int | None) -> None:
+@dataclass(frozen=True)
+class WorkerConfig:
+    threads: int | None = None
+    max_memory_bytes: int | None = None  # RLIMIT_AS of the worker: beyond it, ``oom``
+    log_path: str | None = None  # the worker's stdout and stderr go here (crash reasons)
+
+
+def _redirect_output(path: str) -> None:
+    """Backends' prints and the worker's dying words go to the run's worker.log, not the
+    user's terminal; a crashed record quotes the last lines."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class GlobalState:
+    """torch's process-wide settings a backend might change (threads, default dtype,
+    deterministic algorithms, grad mode): saved once, restored after every group, so no
+    later record is measured under another backend's settings."""
+
+    def __init__(self):
+        self.threads = torch.get_num_threads()
+        self.dtype = torch.get_default_dtype()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.grad = torch.is_grad_enabled()
+
+    def restore(self) -> None:
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        if torch.get_default_dtype() != self.dtype:
+            torch.set_default_dtype(self.dtype)
+        if torch.are_deterministic_algorithms_enabled() != self.deterministic:
+            torch.use_deterministic_algorithms(self.deterministic)
+        torch.set_grad_enabled(self.grad)
+
+
+def _worker_main(conn, config: WorkerConfig) -> None:
+    if config.log_path:
+        _redirect_output(config.log_path)
+    if config.max_memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes,
+                                                config.max_memory_bytes))
     try:
-        _serve(conn, threads)
+        _serve(conn, config.threads)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
         pass  # the parent reports the interruption
 
 
 def _serve(conn, threads: int | None) -> None:
     setup_process(threads)
+    state = GlobalState()
     cache = CaseCache()
     probes = Probes()
     while True:
@@ -69,15 +118,20 @@ def _serve(conn, threads: int | None) -> None:
             conn.send(measure_ceilings(*msg[1:]))
             continue
         _, jobs, budget, repeat = msg
-        records = execute_group(jobs, budget, cache, probes.for_jobs(jobs),
-                                progress=lambda: conn.send(("progress", None)), repeat=repeat)
+        def progress():  # after each job's setup and after timing
+            state.restore()
+            conn.send(("progress", None))
+
+        records = execute_group(jobs, budget, cache, probes.for_jobs(jobs), progress=progress,
+                                repeat=repeat)
+        state.restore()
         conn.send(("done", records))
 
 
 class InProcessExecutor:
     """No isolation: fastest, but a crash ends the run and a hang is never cut short."""
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, config: WorkerConfig | None = None):
         setup_process(threads)
         self.cache = CaseCache()
         self.probes = Probes()
@@ -100,19 +154,33 @@ class InProcessExecutor:
 
 
 class IsolatedExecutor:
-    def __init__(self, threads: int | None = None):
-        self.threads = threads
+    def __init__(self, threads: int | None = None, config: WorkerConfig | None = None):
+        self.config = config or WorkerConfig(threads)
         self.ctx = mp.get_context("spawn")
         self.proc = None
         self.conn = None
+        self.log_offset = 0
 
     def _start(self) -> None:
         parent, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_worker_main, args=(child, self.threads),
+        log = self.config.log_path
+        self.log_offset = os.path.getsize(log) if log and os.path.exists(log) else 0
+        self.proc = self.ctx.Process(target=_worker_main, args=(child, self.config),
                                      daemon=True)
         self.proc.start()
         child.close()
         self.conn = parent
+
+    def last_output(self, lines: int = 3) -> str:
+        """The last lines the current worker wrote (its log since it started)."""
+        log = self.config.log_path
+        if not log or not os.path.exists(log):
+            return ""
+        with open(log, "rb") as fh:
+            fh.seek(self.log_offset)
+            text = fh.read()[-4096:].decode("utf-8", "replace")
+        tail = [x.strip() for x in text.splitlines() if x.strip()][-lines:]
+        return " | ".join(tail)
 
     def _stop(self, kill: bool = False) -> None:
         if self.proc is None:
@@ -173,7 +241,9 @@ class IsolatedExecutor:
                 how = f"killed by signal {-code}"
         else:
             how = f"exited with code {code}"
-        return "crashed", f"worker process {how}"
+        said = self.last_output()
+        return "crashed", f"worker process {how}" + (f"; its last output: {said}"
+                                                       if said else "")
 
     def close(self) -> None:
         if self.proc is not None and self.proc.is_alive():
