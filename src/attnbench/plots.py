@@ -11,6 +11,7 @@ None when it has nothing to draw.
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,7 +177,9 @@ def _finish(fig, ax_or_axes, path: Path, title: str) -> None:
         fig.legend(entries.values(), entries.keys(), fontsize=7, frameon=False,
                    loc="upper center", bbox_to_anchor=(0.5, 0.0),
                    ncol=2 if len(entries) > 3 else 1)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15)
+    tmp = path.with_name(f".{path.name}.tmp")  # atomic: a reader never sees half a chart
+    fig.savefig(tmp, dpi=DPI, bbox_inches="tight", pad_inches=0.15, format="png")
+    os.replace(tmp, path)
     plt.close(fig)
 
 

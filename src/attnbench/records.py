@@ -34,7 +34,7 @@ def _drop_torn_tail(path: Path) -> None:
         return
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
+        os.truncate(path, data.rfind(b"\n") + 1)  # in place: a kill now loses nothing more
 
 
 class RecordWriter:

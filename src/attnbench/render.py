@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .records import write_atomic
+
 
 @dataclass(frozen=True)
 class Bold:
@@ -284,5 +286,5 @@ def to_html(blocks: list[Block], folder: Path, title: str) -> str:
 
 def write(blocks: list[Block], folder: Path, title: str) -> None:
     anchors(blocks)
-    (folder / "index.md").write_text(to_markdown(blocks), encoding="utf-8")
-    (folder / "index.html").write_text(to_html(blocks, folder, title), encoding="utf-8")
+    write_atomic(folder / "index.md", to_markdown(blocks))
+    write_atomic(folder / "index.html", to_html(blocks, folder, title))

@@ -138,7 +138,9 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
     bar = tqdm(todo, desc=f"attnbench {suite.name}", unit="job", disable=not options.progress,
                dynamic_ncols=True)  # iterated by group in run_jobs, updated per record
     try:
-        if options.measure_ceilings and "ceilings" not in meta:
+        records.write_meta(run_dir, meta)  # first: a run killed from here on can resume
+        if options.measure_ceilings and "matmul_tflops" not in (meta.get("ceilings") or {}):
+            # (again on resume when an earlier attempt lost its worker)
             dtypes = sorted({c.dtype for c, _ in jobs})
             bar.set_description_str(f"attnbench {suite.name}: measuring the device's ceilings")
             meta["ceilings"] = executor.ceilings(dtypes, device)  # in the measuring process

@@ -28,6 +28,7 @@ from .record import Record
 from .timing import TimingBudget
 
 Job = tuple[Case, str]
+CEILINGS_TIMEOUT_S = 600
 
 
 class Probes:
@@ -195,8 +196,17 @@ class IsolatedExecutor:
         """The device ceilings, measured in the worker: the process that measures records."""
         if self.proc is None or not self.proc.is_alive():
             self._start()
-        self.conn.send(("ceilings", dtypes, device))
-        return self.conn.recv()
+        try:
+            self.conn.send(("ceilings", dtypes, device))
+            if self.conn.poll(CEILINGS_TIMEOUT_S):
+                return self.conn.recv()
+            self._stop(kill=True)
+            why = f"no answer within {CEILINGS_TIMEOUT_S} s"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._stop()
+            why = f"the worker died ({self.last_output() or 'no output'})"
+        # a crash costs the ceilings, not the run: records go without their fractions
+        return {"error": f"ceilings not measured: {why}"}
 
     def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
                   ) -> list[Record]:
