@@ -307,3 +307,14 @@ def test_fault_backends_cost_one_record_each(fake_backends, tmp_path, capfd, mon
     assert by[("fake_hog", 512)]["status"] == "skipped"
     assert "fake_chatty: stdout noise" not in capfd.readouterr().out
     assert "fake_chatty: stdout noise" in (run_dir / "worker.log").read_text()
+
+
+def test_dtypes_far_slower_than_the_best_are_left_out_saying_why():
+    from attnbench.runner import slow_dtypes
+
+    ceilings = {"matmul_tflops": {"float32": 0.2, "bfloat16": 0.0024}}  # an AVX2 host
+    slow = slow_dtypes(ceilings, 8)
+    assert list(slow) == ["bfloat16"]
+    assert "0.0024 TFLOP/s" in slow["bfloat16"] and "--dtype bfloat16" in slow["bfloat16"]
+    assert slow_dtypes({"matmul_tflops": {"float32": 0.2, "bfloat16": 0.44}}, 8) == {}
+    assert slow_dtypes(ceilings, 0) == {}  # a suite without the option runs every dtype

@@ -6,6 +6,8 @@ laptop CPU and an H200 can sit in one table.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .dtypes import torch_dtype
@@ -14,14 +16,27 @@ from .timing import TimingBudget, measure
 _BUDGET = TimingBudget(warmup_s=0.05, budget_s=0.25, min_reps=3, max_reps=50)
 
 
+# Square sizes tried, smallest first: the first whose call takes TARGET_CALL_S (or the last)
+# measures the rate. A CPU without native bf16 runs a 1024^3 bf16 matmul in seconds; sizing
+# by time keeps the ceiling phase short there and the matrix large where the device is fast.
+SIZES = {"cpu": (256, 512, 1024), "cuda": (2048, 4096, 8192)}
+TARGET_CALL_S = 0.02
+
+
 def matmul_tflops(dtype: str, device: str, n: int | None = None) -> float:
     """Best-of-samples dense square matmul rate in TFLOP/s."""
     dev = torch.device(device)
-    n = n or (8192 if dev.type == "cuda" else 1024)
-    a = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
-    b = torch.randn(n, n, device=dev).to(torch_dtype(dtype))
-    t = measure(lambda: torch.matmul(a, b), dev, _BUDGET)
-    return 2 * n**3 / (t.min_ms * 1e-3) / 1e12
+    for size in ((n,) if n else SIZES.get(dev.type, SIZES["cpu"])):
+        a = torch.randn(size, size, device=dev).to(torch_dtype(dtype))
+        b = torch.randn(size, size, device=dev).to(torch_dtype(dtype))
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if time.perf_counter() - t0 >= TARGET_CALL_S:
+            break
+    t = measure(lambda: torch.matmul(a, b), dev, _BUDGET, warm=True)
+    return 2 * size**3 / (t.min_ms * 1e-3) / 1e12
 
 
 def copy_gbps(device: str, nbytes: int | None = None) -> float:

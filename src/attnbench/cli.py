@@ -137,7 +137,7 @@ def cmd_run(args) -> int:
                          resume=bool(args.resume), isolate=inv["isolate"],
                          threads=inv["threads"], progress=not args.no_progress, retry=retry,
                          invocation=inv, max_memory_bytes=_size("--max-memory", inv.get(
-                             "max_memory")))
+                             "max_memory")), explicit_dtypes=dtypes is not None)
     if options.max_memory_bytes and not options.isolate:
         raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
     run_dir = run_suite(suite, device, options)

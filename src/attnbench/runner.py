@@ -33,6 +33,7 @@ class RunOptions:
     measure_ceilings: bool = True
     retry: tuple[str, ...] = ()  # with resume: statuses whose pairs run again
     max_memory_bytes: int | None = None  # address-space cap of the worker (RLIMIT_AS)
+    explicit_dtypes: bool = False  # the user chose the dtypes: never left out as too slow
     invocation: dict = dataclasses.field(default_factory=dict)  # what --resume replays
 
 
@@ -146,7 +147,12 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
             meta["ceilings"] = executor.ceilings(dtypes, device)  # in the measuring process
             bar.set_description_str(f"attnbench {suite.name}")
         records.write_meta(run_dir, meta)
-        run_jobs(bar, executor, suite, run_dir, run_id, env, meta.get("ceilings") or {})
+        slow = {} if options.explicit_dtypes else slow_dtypes(
+            meta.get("ceilings") or {}, suite.timing.slow_dtype_factor)
+        if slow:
+            meta["slow_dtypes"] = slow
+            records.write_meta(run_dir, meta)
+        run_jobs(bar, executor, suite, run_dir, run_id, env, meta.get("ceilings") or {}, slow)
     finally:
         executor.close()
         bar.close()
@@ -159,10 +165,23 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
     return run_dir
 
 
+def slow_dtypes(ceilings: dict, factor: float) -> dict[str, str]:
+    """Dtypes whose measured matmul rate is below 1/factor of the fastest dtype's, with the
+    reason their cases are left out (a CPU without native bf16: minutes per bf16 case)."""
+    rates = ceilings.get("matmul_tflops") or {}
+    if not factor or len(rates) < 2:
+        return {}
+    best = max(rates, key=rates.get)
+    return {d: (f"{d} matmul measured {r:.3g} TFLOP/s on this device, under 1/{factor:g} of "
+                f"{best}'s {rates[best]:.3g}: left out of this suite's run (its "
+                f"slow_dtype_factor); pass --dtype {d} to run it anyway")
+            for d, r in rates.items() if r * factor < rates[best]}
+
+
 def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env: dict,
-             ceilings: dict) -> None:
+             ceilings: dict, slow: dict[str, str] | None = None) -> None:
     """The job loop: groups of jobs timed together (pairing.job_groups), minus what an OOM
-    speaks for; each record appended as it comes."""
+    speaks for and dtypes too slow here; each record appended as it comes."""
     env_cols = environment.record_fields(env)
     env_id = environment.env_id(env)
     oom = OomTracker()
@@ -173,7 +192,7 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
                                 f"N={case0.seq_q}", refresh=False)
             skipped, todo = [], []
             for case, backend in group:
-                reason = oom.skip_reason(case, backend)
+                reason = (slow or {}).get(case.dtype) or oom.skip_reason(case, backend)
                 if reason:
                     skipped.append(Record.new(case, backend, "skipped", reason))
                 else:

@@ -33,7 +33,7 @@ TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "def
 SWEEP_KEYS = ("name", "backends", "axes", "exclude")
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
-               "processes": int}
+               "processes": int, "slow_dtype_factor": float}
 # Upper bounds: beyond them a value is a typo, not a plan (a week, a million samples).
 TIMING_MAX = {"warmup_s": 3600.0, "budget_s": 86400.0, "timeout_s": 604800.0,
               "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
