@@ -234,6 +234,16 @@ class Hog(Fake):
         return lambda q, k, v: exact(q, k, v) + 0 * ballast[0]
 
 
-BACKENDS = [OomAbove(), Raises(), Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(),
+class Jitters(Fake):
+    """Right to 1e-7, but never twice the same bits (like an atomics-based reduction)."""
+
+    name = "fake_jitter"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+        return lambda q, k, v: exact(q, k, v) + 1e-6 * torch.randn(q.shape[:-1] + v.shape[-1:])
+
+
+BACKENDS = [Jitters(), OomAbove(), Raises(), Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(),
             Refuses(), DriftingSlow(), DriftingFast(), Aborts(), WrongShape(), Chatty(),
             ChangesState(), ChecksState(), Hog()]

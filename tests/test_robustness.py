@@ -318,3 +318,14 @@ def test_dtypes_far_slower_than_the_best_are_left_out_saying_why():
     assert "0.0024 TFLOP/s" in slow["bfloat16"] and "--dtype bfloat16" in slow["bfloat16"]
     assert slow_dtypes({"matmul_tflops": {"float32": 0.2, "bfloat16": 0.44}}, 8) == {}
     assert slow_dtypes(ceilings, 0) == {}  # a suite without the option runs every dtype
+
+
+def test_check_determinism_records_bit_identity(fake_backends, tiny, tmp_path):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "D", "--backends",
+               "naive,fake_jitter", "--seq-len", "16", "--check-determinism") == 0
+    by = {r["backend"]: r for r in read_records(out / "D")}
+    assert by["naive"]["status"] == by["fake_jitter"]["status"] == "ok"
+    assert by["naive"]["deterministic"] is True
+    assert by["fake_jitter"]["deterministic"] is False
+    assert run("--resume", "D", "--out", str(out)) == 0  # the flag is the run's own

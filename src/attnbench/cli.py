@@ -38,7 +38,7 @@ def _ints(option: str, text: str | None) -> list[int] | None:
 
 # The run options a --resume takes from the run itself (meta.json's "invocation").
 REPLAYED = ("suite", "backends", "dtype", "seq_len", "device", "threads", "isolate",
-            "max_memory")
+            "max_memory", "check_determinism")
 SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -61,7 +61,8 @@ def _invocation(args) -> dict:
     """What this command line asks for, as --resume will replay it."""
     return {"suite": args.suite or "quick", "backends": args.backends, "dtype": args.dtype,
             "seq_len": args.seq_len, "device": args.device or "auto", "threads": args.threads,
-            "isolate": not args.no_isolate, "max_memory": args.max_memory}
+            "isolate": not args.no_isolate, "max_memory": args.max_memory,
+            "check_determinism": args.check_determinism or None}
 
 
 def _replay(args) -> dict:
@@ -79,11 +80,14 @@ def _replay(args) -> dict:
     given = _invocation(args)
     for key in REPLAYED:
         flag = {"seq_len": "--seq-len", "isolate": "--no-isolate",
-                "max_memory": "--max-memory"}.get(key, f"--{key}")
+                "max_memory": "--max-memory",
+                "check_determinism": "--check-determinism"}.get(key, f"--{key}")
         explicit = getattr(args, key, None) if key != "isolate" else (
             False if args.no_isolate else None)
         if key == "device":
             explicit = args.device
+        if key == "check_determinism":
+            explicit = args.check_determinism or None
         if explicit is not None and given[key] != saved.get(key):
             raise BadInput(f"{flag} {given[key]!r}: contradicts the run being resumed "
                            f"({saved.get(key)!r}); allowed: leave it out, the run's own "
@@ -126,6 +130,8 @@ def cmd_run(args) -> int:
     suite = load_suite(inv["suite"], known)
     override_axes(suite, backends=backends, dtype=dtypes,
                   seq_len=_ints("--seq-len", inv["seq_len"]))
+    if inv.get("check_determinism"):
+        suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
     plan = make_plan(suite, suite.jobs_on(device), device)
     if args.dry_run:
         print(f"plan: {plan.summary()}")
@@ -304,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-memory", metavar="SIZE",
                    help="cap the worker's address space (e.g. 8G): beyond it a pair is oom "
                         "and larger cases of its line are skipped")
+    r.add_argument("--check-determinism", action="store_true",
+                   help="call each pair twice before timing; record whether the outputs "
+                        "matched bit for bit (column deterministic)")
     r.add_argument("--dry-run", action="store_true",
                    help="print the plan (pairs, estimated time, largest inputs) and exit")
     r.add_argument("--force", action="store_true",

@@ -91,8 +91,17 @@ class Candidate:
     inputs: Inputs
 
 
-def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True
-          ) -> Record | Candidate:
+def same_twice(prepared: Prepared) -> bool:
+    """Whether two calls give bit-identical outputs (NaN matching NaN)."""
+    first = {k: v.detach().clone() for k, v in prepared.outputs(prepared.fn()).items()}
+    second = prepared.outputs(prepared.fn())
+    return all(first[k].shape == v.shape and bool(((first[k] == v)
+                                                   | (first[k].isnan() & v.isnan())).all())
+               for k, v in second.items())
+
+
+def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
+          determinism: bool = False) -> Record | Candidate:
     """Everything before timing: a final (non-ok) record, or a candidate. ``check=False``
     (a repeat in a fresh process) skips the float64 check: the first process judged it."""
     record = Record.new(case, backend_name, "ok")
@@ -114,6 +123,8 @@ def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True
         record.update(setup_s=time.perf_counter() - t0)
         if check:
             _check(record, backend, prepared, inputs, cache)
+            if determinism:
+                record.update(deterministic=same_twice(prepared))
         else:
             prepared.fn()  # the first call (lazy initialisation) stays out of timing
     except Exception as exc:  # classify, record, and let the sweep go on
@@ -227,7 +238,8 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
     cache.keep_only([c for c, _ in jobs])
     opened = []
     for case, backend in jobs:
-        opened.append(_open(case, backend, cache, check=not repeat))
+        opened.append(_open(case, backend, cache, check=not repeat,
+                            determinism=budget.check_determinism))
         progress()
     timed = [c for c in opened if isinstance(c, Candidate)]
     if timed:

@@ -35,6 +35,7 @@ class TimingBudget:
     noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
     processes: int = 1  # fresh worker processes a group is timed in, samples pooled
     slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
+    check_determinism: bool = False  # run the checked call twice, record bit-identity
 
     def per_process(self) -> TimingBudget:
         """The share of the budget one of ``processes`` processes spends."""
