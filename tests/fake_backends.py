@@ -234,6 +234,15 @@ class Hog(Fake):
         return lambda q, k, v: exact(q, k, v) + 0 * ballast[0]
 
 
+class LosesContext(Fake):
+    """Fails as a kernel with an illegal memory access does on a GPU (the context is gone)."""
+
+    name = "fake_context_lost"
+
+    def build(self, case, inputs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
 class Jitters(Fake):
     """Right to 1e-7, but never twice the same bits (like an atomics-based reduction)."""
 
@@ -244,6 +253,6 @@ class Jitters(Fake):
         return lambda q, k, v: exact(q, k, v) + 1e-6 * torch.randn(q.shape[:-1] + v.shape[-1:])
 
 
-BACKENDS = [Jitters(), OomAbove(), Raises(), Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(),
-            Refuses(), DriftingSlow(), DriftingFast(), Aborts(), WrongShape(), Chatty(),
-            ChangesState(), ChecksState(), Hog()]
+BACKENDS = [LosesContext(), Jitters(), OomAbove(), Raises(), Crashes(), Hangs(), Nan(),
+            SlightlyWrong(), Missing(), Refuses(), DriftingSlow(), DriftingFast(), Aborts(),
+            WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog()]

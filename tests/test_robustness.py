@@ -329,3 +329,21 @@ def test_check_determinism_records_bit_identity(fake_backends, tiny, tmp_path):
     assert by["naive"]["deterministic"] is True
     assert by["fake_jitter"]["deterministic"] is False
     assert run("--resume", "D", "--out", str(out)) == 0  # the flag is the run's own
+
+
+def test_a_lost_cuda_context_gets_a_fresh_worker(fake_backends, tmp_path):
+    from attnbench.registry import all_backends
+    from attnbench.runner import RunOptions, run_suite
+    from attnbench.suite import load_suite
+
+    path = tmp_path / "ctx.toml"
+    path.write_text(TINY.replace('backends = ["naive", "sdpa"]',
+                                 'backends = ["naive", "fake_context_lost"]'))
+    suite = load_suite(str(path), sorted(all_backends()))
+    run_dir = run_suite(suite, "cpu", RunOptions(out=tmp_path / "r", run_id="c",
+                                                 progress=False, measure_ceilings=False))
+    recs = read_records(run_dir)
+    lost = [r for r in recs if r["backend"] == "fake_context_lost"]
+    assert all(r["status"] == "error" and r["context_lost"] for r in lost)
+    pids = [r["worker_pid"] for r in recs if r["backend"] == "naive"]
+    assert len(set(pids)) == len(pids) == 2  # each group after a lost context: a new worker

@@ -75,9 +75,16 @@ def is_oom(exc: BaseException) -> bool:
                                               or "can't allocate memory" in text)
 
 
+# CUDA errors after which the process's context is unusable: every later call fails too.
+CONTEXT_LOST = ("illegal memory access", "unspecified launch failure", "device-side assert",
+                "misaligned address", "illegal instruction")
+
+
 def failure(record: Record, exc: BaseException) -> Record:
     if isinstance(exc, NotSupported):
         return record.update(status="unsupported", reason="; ".join(exc.reasons))
+    if any(text in str(exc) for text in CONTEXT_LOST):
+        record.update(context_lost=True)  # the worker is replaced before the next job
     return record.update(status="oom" if is_oom(exc) else "error", reason=one_line(exc))
 
 

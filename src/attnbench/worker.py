@@ -126,7 +126,11 @@ def _serve(conn, threads: int | None) -> None:
         records = execute_group(jobs, budget, cache, probes.for_jobs(jobs), progress=progress,
                                 repeat=repeat)
         state.restore()
+        for rec in records:
+            rec.update(worker_pid=os.getpid())
         conn.send(("done", records))
+        if any(rec.info.get("context_lost") for rec in records):
+            return  # a poisoned CUDA context: the parent starts a fresh worker
 
 
 class InProcessExecutor:
@@ -236,6 +240,8 @@ class IsolatedExecutor:
             while self.conn.poll(timeout_s):  # each heartbeat restarts the per-job limit
                 kind, payload = self.conn.recv()
                 if kind == "done":
+                    if any(rec.info.get("context_lost") for rec in payload):
+                        self._stop()  # the worker has ended; the next group gets a new one
                     return "done", payload
             self._stop(kill=True)
             return "timeout", f"no result within the {timeout_s:g} s limit; worker killed"
