@@ -347,3 +347,30 @@ def test_a_lost_cuda_context_gets_a_fresh_worker(fake_backends, tmp_path):
     assert all(r["status"] == "error" and r["context_lost"] for r in lost)
     pids = [r["worker_pid"] for r in recs if r["backend"] == "naive"]
     assert len(set(pids)) == len(pids) == 2  # each group after a lost context: a new worker
+
+
+def test_ctrl_c_exits_130_without_a_traceback(tiny, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if k != "ATTNBENCH_PLUGINS"}
+    proc = subprocess.Popen([sys.executable, "-m", "attnbench.cli", "run", "--suite", str(tiny),
+                             "--out", str(out), "--run-id", "I", "--no-progress",
+                             "--no-report", "--seq-len", "16,32,64,128,256,512,1024"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        path = out / "I" / RECORDS
+        if path.exists() and path.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        pytest.skip("the run ended before it could be interrupted")
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "attnbench: interrupted" in err
+    assert all(json.loads(line) for line in (out / "I" / RECORDS).read_text().splitlines())
