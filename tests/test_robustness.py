@@ -357,10 +357,11 @@ def test_ctrl_c_exits_130_without_a_traceback(tiny, tmp_path):
 
     out = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if k != "ATTNBENCH_PLUGINS"}
-    proc = subprocess.Popen([sys.executable, "-m", "attnbench.cli", "run", "--suite", str(tiny),
-                             "--out", str(out), "--run-id", "I", "--no-progress",
-                             "--no-report", "--seq-len", "16,32,64,128,256,512,1024"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    argv = [sys.executable, "-m", "attnbench.cli", "run", "--suite", str(tiny), "--out",
+            str(out), "--run-id", "I", "--no-progress", "--no-report", "--seq-len",
+            "16,32,64,128,256,512,1024"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         path = out / "I" / RECORDS
