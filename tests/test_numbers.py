@@ -91,7 +91,7 @@ def test_knob_sweep_gets_a_row_per_knob_value_in_every_table(tmp_path):
             assert len(table) == 2, (m.name, table)
             assert set(table.index.get_level_values("feature_map")) == {"elu", "favor"}
     # the plot draws one line per knob value too
-    from attnbench.report import _plot_group
+    from attnbench.plots import time_chart
 
     drawn = []
     import matplotlib.axes
@@ -104,7 +104,7 @@ def test_knob_sweep_gets_a_row_per_knob_value_in_every_table(tmp_path):
 
     matplotlib.axes.Axes.errorbar = spy
     try:
-        assert _plot_group(df, "t", tmp_path / "p.png", tables.line_columns(df))
+        assert time_chart(df, "t", tmp_path / "p.png", tables.line_columns(df))
     finally:
         matplotlib.axes.Axes.errorbar = original
     assert sorted(drawn) == ["feature_map=elu linear", "feature_map=favor linear"]

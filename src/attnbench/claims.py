@@ -25,7 +25,7 @@ import pandas as pd
 from . import metrics, ratios, stats
 from .errors import BadInput
 from .fits import exponent_interval
-from .selection import values, where_mask
+from .selection import case_matches, where_mask
 
 CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denominator",
               "where", "numerator_where", "denominator_where", "expected", "scale", "unit")
@@ -75,14 +75,7 @@ def side_matches(claim: dict, side: str, case, backend: str) -> bool:
     """Whether job (case, backend) is on a ratio claim's ``side`` (numerator/denominator)."""
     if backend != claim.get(side):
         return False
-    where = claim.get("where", {}) | claim.get(f"{side}_where", {})
-    for k, v in where.items():
-        if k == "seq_len":
-            if case.seq_q not in values(v) or case.seq_k not in values(v):
-                return False
-        elif getattr(case, k, None) not in values(v):
-            return False
-    return True
+    return case_matches(case, claim.get("where", {}) | claim.get(f"{side}_where", {}))
 
 
 def _select(df: pd.DataFrame, where: dict, backend: str) -> pd.DataFrame:

@@ -202,7 +202,7 @@ def timing_columns(case: Case, work: float, samples: list[float], stop: str,
 def _timing_columns(cand: Candidate, timing: Timing, budget: TimingBudget) -> dict:
     work = cand.backend.work_flops(cand.record.case)
     return timing_columns(cand.record.case, work, timing.samples_ms, timing.stop,
-                          timing.probe_gflops, budget) | {"input_bytes": cand.inputs.nbytes}
+                          timing.probe_readings, budget) | {"input_bytes": cand.inputs.nbytes}
 
 
 def merge_repeats(first: list[Record], repeats: list[list[Record]], budget: TimingBudget

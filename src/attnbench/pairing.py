@@ -11,23 +11,13 @@ from __future__ import annotations
 
 from .case import Case
 from .claims import SHAPE, side_matches
+from .selection import case_matches
 
 Job = tuple[Case, str]
 
 
 def _shape(case: Case) -> tuple:
     return tuple(getattr(case, f) for f in SHAPE)
-
-
-def _in(case: Case, where: dict) -> bool:
-    for k, v in where.items():
-        values = v if isinstance(v, list) else [v]
-        if k == "seq_len":
-            if case.seq_q not in values or case.seq_k not in values:
-                return False
-        elif getattr(case, k, None) not in values:
-            return False
-    return True
 
 
 def _sides(claims, comparisons):
@@ -39,8 +29,10 @@ def _sides(claims, comparisons):
                    lambda c, b, cl=claim: side_matches(cl, "denominator", c, b))
     for comp in comparisons or []:
         if comp.pair == "shape":
-            yield (lambda c, b, k=comp: b == k.baseline and _in(c, k.where | k.baseline_where),
-                   lambda c, b, k=comp: b in k.backends and _in(c, k.where | k.backends_where))
+            yield (lambda c, b, k=comp: b == k.baseline
+                   and case_matches(c, k.where | k.baseline_where),
+                   lambda c, b, k=comp: b in k.backends
+                   and case_matches(c, k.where | k.backends_where))
 
 
 def job_groups(jobs: list[Job], claims: list[dict] | None = None,

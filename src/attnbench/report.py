@@ -22,9 +22,6 @@ from .render import Bold, Bullets, Figure, Figures, Heading, Para, Table
 FACET = ["dtype", "mode"]
 CHART_KINDS = ("time", "speedup", "tflops", "memory", "error", "pareto")
 
-# The chart the test suite spies on for one line per knob value: time against N.
-_plot_group = plots.time_chart
-
 
 def ceiling_check(df: pd.DataFrame) -> str | None:
     """Records above 100% of a measured ceiling mean the ceiling itself was low."""

@@ -12,6 +12,15 @@ def values(v) -> list:
     return v if isinstance(v, list) else [v]
 
 
+def case_matches(case, where: dict) -> bool:
+    """The same selection for one Case (before it has a record): every entry must match."""
+    for k, v in where.items():
+        lengths = (case.seq_q, case.seq_k) if k == "seq_len" else (getattr(case, k, None),)
+        if any(x not in values(v) for x in lengths):
+            return False
+    return True
+
+
 def where_mask(df: pd.DataFrame, where: dict) -> pd.Series:
     """True for the records that match every entry of ``where``."""
     keep = pd.Series(True, index=df.index)

@@ -16,6 +16,7 @@ All functions are pure; randomness (the bootstrap) is seeded.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -76,6 +77,7 @@ def median_rank_coverage(n: int, k: int) -> float:
     return float(sps.binom.cdf(n - k, n, 0.5) - sps.binom.cdf(k - 1, n, 0.5))
 
 
+@functools.lru_cache(maxsize=1024)  # adaptive sampling asks after every round
 def median_ranks(n: int, confidence: float = 0.95) -> tuple[int, int, float]:
     """The narrowest symmetric rank pair ``(k, n + 1 - k)`` (1-based) whose coverage of the
     median is >= ``confidence``, with that coverage. When ``n`` is too small for any pair to

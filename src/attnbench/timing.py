@@ -51,7 +51,7 @@ class TimingBudget:
 class Timing:
     samples_ms: list[float] = field(default_factory=list)
     stop: str = ""  # precision, budget or max_reps
-    probe_gflops: list[float] = field(default_factory=list)  # probe readings in its rounds
+    probe_readings: list[float] = field(default_factory=list)  # GFLOP/s between its rounds
 
     @property
     def interval(self) -> Interval:
@@ -90,12 +90,7 @@ def measure(fn: Callable[[], object], device: torch.device | str,
             budget: TimingBudget = TimingBudget(), warm: bool = False) -> Timing:
     """Samples of ``fn`` by time budget. ``warm``: fn has just run once (e.g. the checked
     call), so the warm-up may stop at its time budget without a further forced call."""
-    dev = torch.device(device)
-    if warm:
-        budget = dataclasses.replace(budget, min_warmup=0)
-    if dev.type == "cuda":
-        return _measure_cuda(fn, dev, budget)
-    return _measure_cpu(fn, budget)
+    return measure_interleaved([fn], device, budget, warm=warm)[0]
 
 
 def precise_enough(samples: list[float], budget: TimingBudget) -> bool:
@@ -126,22 +121,6 @@ def _warm_up(fn, budget: TimingBudget, sync=lambda: None) -> None:
         fn()
         sync()
         n += 1
-
-
-def _measure_cpu(fn, budget: TimingBudget) -> Timing:
-    _warm_up(fn, budget)
-    timing = Timing()
-    start = time.perf_counter()
-    while not timing.stop:
-        t0 = time.perf_counter()
-        fn()
-        timing.samples_ms.append((time.perf_counter() - t0) * 1e3)
-        timing.stop = stop_reason(timing.samples_ms, budget, time.perf_counter() - start)
-    return timing
-
-
-def _measure_cuda(fn, dev: torch.device, budget: TimingBudget) -> Timing:
-    return measure_interleaved([fn], dev, budget)[0]
 
 
 class _CudaSampler:
@@ -214,5 +193,5 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     readings = probe.readings_since(start) if probe is not None else []
     for t in timings:
         t.stop = stop
-        t.probe_gflops = readings
+        t.probe_readings = readings
     return timings
