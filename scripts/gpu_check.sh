@@ -15,9 +15,9 @@
 # checkout's attnbench is put on PYTHONPATH through a temporary package of links, so the
 # machine's own torch/triton are used.
 #
-# Time limits (seconds, overridable): CHECK_LIMIT_S=70 for the correctness step,
-# RUN_LIMIT_S=130 for the suite, REPORT_LIMIT_S=30 for report and summary (interrupted
-# steps keep what they finished; the report covers a partial run).
+# Time limits (seconds, overridable): CHECK_LIMIT_S=85 for the correctness step,
+# RUN_LIMIT_S=105 for the suite, REPORT_LIMIT_S=20 for the report, 10 for the summary
+# (interrupted steps keep what they finished; the report covers a partial run).
 set -uo pipefail
 
 if [ $# -ne 1 ] || [ -z "$1" ]; then
@@ -78,27 +78,27 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 "$PY" -c "import sys, torch, triton, attnbench; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda, '| attnbench from', attnbench.__file__)"
 
 status=0
-stamp "step 1/3: every GPU backend against float64 (limit ${CHECK_LIMIT_S:-70} s)"
-timeout -s INT -k 15 "${CHECK_LIMIT_S:-70}" \
+stamp "step 1/3: every GPU backend against float64 (limit ${CHECK_LIMIT_S:-85} s)"
+timeout -s INT -k 5 "${CHECK_LIMIT_S:-85}" \
     "$PY" scripts/gpu_correctness.py --out "$OUT/correctness.json"
 rc=$?
 stamp "correctness exit code $rc$([ $rc -eq 124 ] && echo ' (time limit: partial, see correctness.json)')"
 [ $rc -eq 0 ] || status=1
 
 RUN_ID="h200-$(date +%Y%m%d-%H%M%S)"
-stamp "step 2/3: attnbench run suites/h200.toml -> results/$RUN_ID (limit ${RUN_LIMIT_S:-130} s)"
-timeout -s INT -k 20 "${RUN_LIMIT_S:-130}" \
+stamp "step 2/3: attnbench run suites/h200.toml -> results/$RUN_ID (limit ${RUN_LIMIT_S:-105} s)"
+timeout -s INT -k 10 "${RUN_LIMIT_S:-105}" \
     "$PY" -m attnbench.cli run --suite suites/h200.toml --device cuda --out "$OUT/results" \
     --run-id "$RUN_ID" --no-report --no-progress
 rc=$?
 stamp "run exit code $rc$([ $rc -eq 124 ] || [ $rc -eq 130 ] && echo ' (time limit: the run is partial)')"
 [ $rc -eq 0 ] || status=1
 
-stamp "step 3/3: report and summary (limit ${REPORT_LIMIT_S:-30} s)"
+stamp "step 3/3: report and summary (limit ${REPORT_LIMIT_S:-20} s)"
 if [ -d "$OUT/results/$RUN_ID" ]; then
-    timeout -s INT -k 5 "${REPORT_LIMIT_S:-30}" "$PY" scripts/gpu_summary.py \
+    timeout -s INT -k 5 10 "$PY" scripts/gpu_summary.py \
         "$OUT/results/$RUN_ID" --out "$OUT/summary.md" >/dev/null || status=1
-    timeout -s INT -k 5 "${REPORT_LIMIT_S:-30}" "$PY" -m attnbench.cli report \
+    timeout -s INT -k 5 "${REPORT_LIMIT_S:-20}" "$PY" -m attnbench.cli report \
         "$OUT/results/$RUN_ID" --name "$RUN_ID" --out "$OUT/report" || status=1
 else
     echo "no run directory was written"
