@@ -217,3 +217,19 @@ def test_shape_paired_comparisons_and_sided_claims_are_timed_together():
         assert {(c.mask, b) for c, b in group} == {
             ("causal", "sdpa"), ("window(255,0)", "sliding_window"), ("window(255,0)", "naive")}
     assert sum(len(g) for g in groups) == len(suite.jobs())
+
+
+def test_a_column_the_lengths_determine_moves_along_the_line():
+    """h200's batch = 16384 // N: one line per (backend, head_dim), not a diagonal table;
+    a batch swept at each N still gets a line per value."""
+    import pandas as pd
+
+    from attnbench.tables import line_columns
+
+    rows = [dict(backend=b, dtype="bfloat16", mask="causal", mode="fwd", seq_q=n, seq_k=n,
+                 batch=16384 // n, head_dim=d, heads_q=2048 // d)
+            for b in ("triton_flash", "sdpa_flash") for d in (64, 128) for n in (1024, 4096)]
+    derived = line_columns(pd.DataFrame(rows))
+    assert "batch" not in derived and {"head_dim", "heads_q"} <= set(derived)
+    swept = pd.DataFrame([r | {"batch": b} for r in rows for b in (1, 4)])
+    assert "batch" in line_columns(swept)
