@@ -166,16 +166,18 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
 
 
 def slow_dtypes(ceilings: dict, factor: float) -> dict[str, str]:
-    """Dtypes whose measured matmul rate is below 1/factor of the fastest dtype's, with the
-    reason their cases are left out (a CPU without native bf16: minutes per bf16 case)."""
+    """Dtypes whose measured matmul rate is below 1/factor of float32's (of the fastest
+    dtype's when float32 was not measured), with the reason their cases are left out (a CPU
+    without native bf16: minutes per bf16 case). float32 itself is never left out: it is
+    the precision every other is judged against, even where AMX makes bf16 15x faster."""
     rates = ceilings.get("matmul_tflops") or {}
     if not factor or len(rates) < 2:
         return {}
-    best = max(rates, key=rates.get)
+    base = "float32" if "float32" in rates else max(rates, key=rates.get)
     return {d: (f"{d} matmul measured {r:.3g} TFLOP/s on this device, under 1/{factor:g} of "
-                f"{best}'s {rates[best]:.3g}: left out of this suite's run (its "
+                f"{base}'s {rates[base]:.3g}: left out of this suite's run (its "
                 f"slow_dtype_factor); pass --dtype {d} to run it anyway")
-            for d, r in rates.items() if r * factor < rates[best]}
+            for d, r in rates.items() if d != "float32" and r * factor < rates[base]}
 
 
 def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env: dict,
