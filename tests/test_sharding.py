@@ -229,3 +229,26 @@ def test_merge_refuses_bad_input_in_one_line(work, capsys, tmp_path):
     (existing / "x").write_text("")
     assert cli.main(["merge", str(work["single"]), "--out", str(existing)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_fold_done_again_after_a_kill_adds_nothing_twice(work, tmp_path):
+    """A fold killed after it rewrote records.jsonl and meta.json but before it removed the
+    rank folders is simply done again at the next start."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / records.META).write_text(json.dumps({"run_id": "run"}))
+    rows = [json.loads(x) for x in (work["single"] / records.RECORDS).read_text().splitlines()]
+    for rank, part in ((0, rows[:5]), (1, rows[5:])):
+        d = rankdirs.folder(run, rank)
+        text = "".join(json.dumps(r) + "\n" for r in part)
+        (d / records.RECORDS).write_text(text + ('{"torn' if rank else ""))  # killed mid-line
+        (d / rankdirs.RANK_META).write_text(json.dumps({"rank": rank, "started": "t0"}))
+    shutil.copytree(run / rankdirs.RANKS, tmp_path / "left")
+    assert rankdirs.fold(run) == len(rows)
+    shutil.copytree(tmp_path / "left", run / rankdirs.RANKS)  # as if killed before removal
+    assert rankdirs.fold(run) == 0
+    assert Counter(raw_pairs(run)) == Counter(work["pairs"])
+    assert [r["rank"] for r in map(json.loads, (run / records.RECORDS).read_text()
+                                   .splitlines())].count(1) == len(rows) - 5
+    assert [e["rank"] for e in json.loads((run / records.META).read_text())["ranks"]] == [0, 1]
+    assert not (run / rankdirs.RANKS).exists()
