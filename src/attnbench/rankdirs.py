@@ -108,7 +108,7 @@ def fold(run_dir: Path, meta: dict | None = None) -> int:
                 continue  # killed before it said where it ran: its records still count
             if (entry.get("rank"), entry.get("started")) not in listed:
                 entries.append(entry)
-        meta["ranks"] = sorted(entries, key=lambda e: (str(e.get("started")), e.get("rank", 0)))
+        meta["ranks"] = sorted(entries, key=lambda e: (e.get("rank", 0), str(e.get("started"))))
         records.write_meta(run_dir, meta)  # before the folders go: a kill loses no entry
 
     with open(run_dir / records.WORKER_LOG, "a", encoding="utf-8") as log:
