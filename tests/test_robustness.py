@@ -356,6 +356,8 @@ def test_ctrl_c_exits_130_without_a_traceback(tiny, tmp_path):
     import time
 
     out = tmp_path / "results"
+    # a warm-up of 0.3 s per group: the run outlasts a busy machine's delay before the kill
+    tiny.write_text(TINY.replace("warmup_s = 0.0", "warmup_s = 0.3"))
     env = {k: v for k, v in os.environ.items() if k != "ATTNBENCH_PLUGINS"}
     argv = [sys.executable, "-m", "attnbench.cli", "run", "--suite", str(tiny), "--out",
             str(out), "--run-id", "I", "--no-progress", "--no-report", "--seq-len",

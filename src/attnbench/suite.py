@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from . import arith
 from .case import MODES, Case
 from .claims import validate_claims
 from .comparisons import Comparison, validate_comparisons
@@ -28,9 +29,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "defaults", "sweep",
-            "claim", "comparison")
-SWEEP_KEYS = ("name", "backends", "axes", "exclude")
+TOP_KEYS = ("name", "description", "backends", "axes", "derive", "exclude", "timing", "defaults",
+            "sweep", "claim", "comparison")
+SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude")
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "processes": int, "slow_dtype_factor": float}
@@ -52,6 +53,8 @@ class Sweep:
     backends: list[str]
     axes: dict[str, list]
     exclude: list[dict[str, list]] = field(default_factory=list)
+    # axes computed from the others at each point (``batch = "16384 // seq_len"``)
+    derive: dict[str, arith.Expression] = field(default_factory=dict)
 
     def cases(self) -> list[Case]:
         names = [a for a in self.axes if a not in SEQ_AXES] + [a for a in SEQ_AXES
@@ -59,6 +62,8 @@ class Sweep:
         out = []
         for values in itertools.product(*(self.axes[n] for n in names)):
             point = dict(zip(names, values))
+            for axis, expression in self.derive.items():
+                point[axis] = _derived_value(axis, expression, point)
             if any(_matches(ex, point) for ex in self.exclude if "backend" not in ex):
                 continue
             if "seq_len" in point:
@@ -73,6 +78,22 @@ class Sweep:
     def backend_excluded(self, case: Case, backend: str) -> bool:
         point = case.to_dict() | {"backend": backend, "seq_len": case.seq_q}
         return any(_matches(ex, point) for ex in self.exclude if "backend" in ex)
+
+
+def _derived_value(axis: str, expression: arith.Expression, point: dict) -> int:
+    """``expression`` at ``point``, checked like a value written in the suite."""
+    env = dict(point)
+    if "seq_len" not in env and env.get("seq_q") is not None:
+        env.setdefault("seq_len", env["seq_q"])
+    try:
+        value = expression(env)
+    except arith.ArithError as exc:
+        raise ValueError(f"derive.{axis} = {expression.text!r}: {exc}") from None
+    if axis in POSITIVE_AXES and value <= 0:
+        at = ", ".join(f"{n}={env[n]}" for n in sorted(expression.names))
+        raise ValueError(f"derive.{axis} = {expression.text!r} gives {value} at {at}; "
+                         f"{axis} must be a positive integer")
+    return value
 
 
 def _matches(rule: dict[str, list], point: dict) -> bool:
@@ -216,6 +237,21 @@ class _Validator:
             self.fail(key, v, "must be a string")
         return v
 
+    def derive(self, table: dict, where_of, axes: dict[str, list]
+               ) -> dict[str, arith.Expression]:
+        """Parsed expressions in the order given; each may use the axes and the axes derived
+        before it. ``where_of(axis)`` is the key path to name in errors."""
+        self.unknown_keys(table, sorted(INT_AXES - {"seq_len"}), where_of(""))
+        out = {}
+        for axis, text in table.items():
+            if axis in axes:
+                self.fail(where_of(axis), text, f"{axis} is also given in axes; give it once")
+            try:
+                out[axis] = arith.parse(text, set(axes) | {"seq_len"} | set(out))
+            except arith.ArithError as exc:
+                self.fail(where_of(axis), text, str(exc))
+        return out
+
     def axes(self, table, where: str) -> dict[str, list]:
         if not isinstance(table, dict):
             self.fail(where.rstrip("."), table, "must be a table of axis = value or [values]")
@@ -247,6 +283,12 @@ class _Validator:
             rules.append({k: (self.backends(v, f"{where}.backend") if k == "backend"
                               else self.axis_values(k, v, f"{where}.")) for k, v in rule.items()})
         return rules
+
+
+def _table(v: _Validator, raw, where: str) -> dict:
+    if not isinstance(raw, dict):
+        v.fail(where, raw, 'must be a table of axis = "expression"')
+    return raw
 
 
 def load_suite(name_or_path: str, known_backends: list[str] | None = None) -> Suite:
@@ -312,10 +354,18 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
             v.fail(f"{where}axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
                                                             "not both")
         excludes = v.excludes(s.get("exclude"), f"{where}exclude")
-        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes)
+        # top-level derive applies to every sweep that does not give the axis itself
+        top = {a: e for a, e in _table(v, data.get("derive", {}), "derive").items()
+               if a not in s.get("axes", {})}
+        own = _table(v, s.get("derive", {}), f"{where}derive")
+        derive = v.derive(top | own, lambda a, own=own, where=where: (
+            f"{where}derive.{a}" if a in own or not a else f"derive.{a}"), axes)
+        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes, derive)
         try:
             sweep.cases()
         except ValueError as exc:
+            if str(exc).startswith("derive."):
+                raise BadInput(f"{path}: {where}{exc}") from None
             v.fail(f"{where}axes", {k: axes[k] for k in axes if k in str(exc)} or axes,
                    str(exc))
         sweeps.append(sweep)
