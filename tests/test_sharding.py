@@ -229,6 +229,13 @@ def test_merge_refuses_bad_input_in_one_line(work, capsys, tmp_path):
     (existing / "x").write_text("")
     assert cli.main(["merge", str(work["single"]), "--out", str(existing)]) == 2
     assert "already exists" in capsys.readouterr().err
+    # compare with one folder needs a dataset of two runs; --runs names two of its runs
+    for argv, said in ((["compare", str(work["single"])], "needs a merged dataset"),
+                       (["compare", str(work["single"]), str(twin), "--runs", "x"],
+                        "allowed: two run ids")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_fold_done_again_after_a_kill_adds_nothing_twice(work, tmp_path):
