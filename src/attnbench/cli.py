@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import BadInput
+from .errors import BadInput, PeerLost
 
 GATE_STATUSES = ("wrong", "error", "crashed", "timeout")
 
@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)
         return 130
+    except PeerLost as exc:  # under torchrun: a rank died, the run can be resumed
+        print(f"attnbench: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

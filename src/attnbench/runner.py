@@ -192,7 +192,7 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
         if shard is not None:
             save_meta()
             if sys.exc_info()[0] is None:  # every rank done: the lead folds their files in
-                shard.barrier()  # (a rank that failed leaves them to the next start)
+                shard.barrier(run_dir)  # (a failed rank leaves them to the next start)
                 if shard.lead:
                     rankdirs.fold(run_dir, meta)
         if shard is None or shard.lead:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .case import Case
-from .errors import BadInput
+from .errors import BadInput, PeerLost
 from .pairing import job_groups
 from .plan import pair_cost_s
 from .suite import Suite
@@ -166,8 +167,16 @@ class Shard:
                            f"node; allowed: an --out folder every node shares")
         return run_dir
 
-    def barrier(self) -> None:
-        self._group().barrier()
+    def barrier(self, run_dir: Path) -> None:
+        try:
+            self._group().barrier()
+        except RuntimeError as exc:  # gloo: the connection to a dead rank closed
+            said = re.sub(r"^\[[^\]]*\]\s*", "", str(exc)).split(". ")[0][:120]
+            raise PeerLost(f"rank {self.rank}: another rank ended before the merge "
+                           f"(gloo: {said}); the records of every rank "
+                           f"are kept: attnbench run --resume {run_dir.name} --out "
+                           f"{run_dir.parent} completes the run, with any number of "
+                           f"ranks") from None
 
     def close(self) -> None:
         import torch.distributed as dist
