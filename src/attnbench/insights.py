@@ -262,6 +262,14 @@ def _probe(meta: dict) -> str:
             f"{p.get('noise_threshold', 0):.0%})")
 
 
+def _ranks(meta: dict) -> str:
+    """A sharded run's ranks (torchrun): where each measured, with its own ceilings."""
+    entries = meta.get("ranks") or []
+    return "; ".join(f"rank {e.get('rank')}: {e.get('host')} {e.get('device')}, "
+                     f"{(e.get('environment') or {}).get('threads')} threads, "
+                     f"{_ceilings(e)}" for e in entries) or DASH
+
+
 def environment(runs: list[Run]) -> pd.DataFrame:
     """One column per run: device, capability, versions, ceilings, probe spread, commit."""
     def field(run: Run, key: str) -> str:
@@ -275,6 +283,7 @@ def environment(runs: list[Run]) -> pd.DataFrame:
         "CPU capability": lambda r: field(r, "cpu_capability"),
         "GPU capability": lambda r: field(r, "gpu_capability"),
         "threads": lambda r: field(r, "threads"),
+        "ranks (torchrun)": lambda r: _ranks(r.meta),
         "torch": lambda r: field(r, "torch"),
         "triton": lambda r: field(r, "triton"),
         "CUDA / driver": lambda r: f"{field(r, 'cuda')} / {field(r, 'driver')}",
@@ -292,6 +301,8 @@ def environment(runs: list[Run]) -> pd.DataFrame:
         "records": lambda r: tables.status_counts(r.records) if not r.records.empty else "0",
     }
     table = pd.DataFrame({r.label: {k: f(r) for k, f in fields.items()} for r in runs})
+    if (table.loc["ranks (torchrun)"] == DASH).all():  # no run was sharded
+        table = table.drop(index="ranks (torchrun)")
     table.index.name = "field"
     return table
 
