@@ -38,8 +38,10 @@ def _throughput(df) -> list[str]:
     ok = df[(df.status == "ok") & (df.dtype == "bfloat16") & (df.head_dim == 128)
             & (df.seq_q >= 4096) & df["mask"].isin(["none", "causal"])]
     present = [b for b in SIDE_BY_SIDE if (ok.backend == b).any()]
-    out = ["## bf16, head dim 128, N >= 4096: TFLOP/s (fraction of the measured matmul "
-           "ceiling)\n", "| mode | mask | N | " + " | ".join(present) + " |",
+    title = "## bf16, head dim 128, N >= 4096: TFLOP/s (fraction of the measured matmul ceiling)\n"
+    if not present:
+        return [title, "No ok record of " + ", ".join(SIDE_BY_SIDE) + " here.", ""]
+    out = [title, "| mode | mask | N | " + " | ".join(present) + " |",
            "|---" * (3 + len(present)) + "|"]
     for (mode, mask, n), g in ok.groupby(["mode", "mask", "seq_q"]):
         cells = []
