@@ -8,7 +8,8 @@ the threshold ``tau`` chosen so that the row sums to 1. Unlike softmax it gives 
 ``err_impl`` is measured against its own float64 reference, ``err_vs_softmax`` stays empty.
 
 The backend is textbook and O(N^2) like ``naive``: full (Nq, Nk) scores, ``tau`` by the
-paper's sort-based Algorithm 1, the backward by autograd through it (the support is
+paper's sort-based Algorithm 1 over the largest scores only (a partial sort, widened until
+it holds every row's support), the backward by autograd through it (the support is
 piecewise constant, so autograd gives the exact Jacobian ``diag(s) - s s^T / |s|``). The
 float64 reference finds ``tau`` another way, by bisection on ``sum_j max(z_j - tau, 0) = 1``,
 then the closed form over the support found, chunk by chunk over query rows. Masks as
@@ -26,18 +27,28 @@ from attnbench.masks import allowed_rows
 from attnbench.reference import RefResult, chunked_reference
 
 BISECTION_STEPS = 64  # halvings of an interval of width 1: below float64's resolution
+FIRST_TOP = 64  # entries sorted first; attention rows' supports are usually far smaller
 
 
-def sparsemax_sorted(z: torch.Tensor) -> torch.Tensor:
+def sparsemax_sorted(z: torch.Tensor, top: int = FIRST_TOP) -> torch.Tensor:
     """Sparsemax over the last dim by sorting (Martins & Astudillo 2016, Algorithm 1).
 
     With z sorted descending, the support size is ``k(z) = max{k : 1 + k z_(k) > sum_{j<=k}
-    z_(j)}`` and ``tau = (sum_{j<=k(z)} z_(j) - 1) / k(z)``. Entries of -inf (masked) never
-    enter the support; every row needs at least one finite entry."""
-    zs = torch.sort(z, dim=-1, descending=True).values  # (..., n)
-    cums = zs.cumsum(dim=-1) - 1  # (..., n): sum_{j<=k} z_(j) - 1
-    ks = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
-    size = (ks * zs > cums).sum(dim=-1, keepdim=True)  # (..., 1) support size k(z)
+    z_(j)}`` (the condition holds exactly for ``k <= k(z)``) and ``tau = (sum_{j<=k(z)}
+    z_(j) - 1) / k(z)``. Only the ``top`` largest entries are sorted (``torch.topk``): if
+    every row's support is smaller, that is all Algorithm 1 reads; otherwise ``top`` doubles
+    and the rows are sorted again (the entmax package's partial sort, Peters et al. 2019).
+    Entries of -inf (masked) never enter the support; every row needs a finite entry."""
+    n = z.shape[-1]
+    top = max(1, min(top, n))
+    while True:
+        zs = torch.topk(z, top, dim=-1, sorted=True).values  # (..., top) descending
+        cums = zs.cumsum(dim=-1) - 1  # (..., top): sum_{j<=k} z_(j) - 1
+        ks = torch.arange(1, top + 1, device=z.device, dtype=z.dtype)
+        size = (ks * zs > cums).sum(dim=-1, keepdim=True)  # (..., 1): min(k(z), top)
+        if top == n or bool((size < top).all()):
+            break
+        top = min(2 * top, n)
     tau = cums.gather(-1, size - 1) / size  # (..., 1)
     return torch.relu(z - tau)  # relu: a zero entry passes no gradient, as in the Jacobian
 

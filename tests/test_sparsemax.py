@@ -17,7 +17,8 @@ from attnbench.implementations import sparsemax as SM
 from attnbench.timing import TimingBudget
 
 BACKEND = SM.Sparsemax()
-FUNCTIONS = {"sorted": SM.sparsemax_sorted, "bisect": SM.sparsemax_bisect}
+FUNCTIONS = {"sorted": SM.sparsemax_sorted, "bisect": SM.sparsemax_bisect,
+             "sorted-top1": lambda z: SM.sparsemax_sorted(z, top=1)}  # widened 1, 2, 4, ...
 
 
 def rel(x, ref):
@@ -55,6 +56,10 @@ def test_sorted_and_bisection_agree_and_have_the_papers_jacobian():
     gen = torch.Generator().manual_seed(1)
     z = torch.randn(200, 37, generator=gen, dtype=torch.float64)
     assert torch.allclose(SM.sparsemax_sorted(z), SM.sparsemax_bisect(z), atol=1e-13)
+    wide = z * 0.01  # supports of about every entry: the partial sort must widen to all
+    assert bool(((SM.sparsemax_sorted(wide, top=4) > 0).sum(-1) > 30).all())
+    assert torch.allclose(SM.sparsemax_sorted(wide, top=4), SM.sparsemax_bisect(wide),
+                          atol=1e-13)
     for fn in FUNCTIONS.values():  # Martins & Astudillo eq. 12: diag(s) - s s^T / |S|
         row = z[3]
         jac = torch.autograd.functional.jacobian(fn, row)
