@@ -101,8 +101,8 @@ def sparsemax_rows(case):
 
 class Sparsemax(Backend):
     name = "sparsemax"
-    description = ("sparsemax(Q K^T * scale) V with the full score matrix: sort-based "
-                   "sparsemax in place of softmax, autograd backward; O(N^2)")
+    description = ("sparsemax(Q K^T * scale) V with the full score matrix: sparsemax by "
+                   "partial sort in place of softmax, autograd backward; O(N^2)")
     caps = Capabilities(masks=("none", "causal", "window", "block_sparse"))
     semantics = DIFFERENT
 
