@@ -43,7 +43,8 @@ CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
 INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
 POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
-                 "head_dim_v", "block_size", "num_features", "memory_budget_mb"}
+                 "head_dim_v", "block_size", "num_features", "memory_budget_mb",
+                 "linformer_k"}
 SEQ_AXES = ("seq_len", "seq_q", "seq_k")
 
 
@@ -199,7 +200,7 @@ class _Validator:
             if key in POSITIVE_AXES and v <= 0:
                 self.fail(key, v, "must be a positive integer")
             if key in ("seed", "block_band", "block_global", "block_random",
-                       "additive_dim") and v < 0:
+                       "block_stride", "additive_dim") and v < 0:
                 self.fail(key, v, "must be >= 0")
             return v
         if key == "dtype":
