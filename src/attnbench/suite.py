@@ -30,7 +30,8 @@ else:  # pragma: no cover
 
 TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "defaults", "sweep",
             "claim", "comparison")
-SWEEP_KEYS = ("name", "backends", "axes", "exclude")
+SWEEP_KEYS = ("name", "backends", "axes", "exclude", "devices")
+DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it runs on
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "processes": int, "slow_dtype_factor": float}
@@ -52,6 +53,10 @@ class Sweep:
     backends: list[str]
     axes: dict[str, list]
     exclude: list[dict[str, list]] = field(default_factory=list)
+    devices: tuple[str, ...] = ()  # device types this sweep runs on; () = every device
+
+    def runs_on(self, device: str) -> bool:
+        return not self.devices or device.split(":")[0] in self.devices
 
     def cases(self) -> list[Case]:
         names = [a for a in self.axes if a not in SEQ_AXES] + [a for a in SEQ_AXES
@@ -105,10 +110,17 @@ class Suite:
         return jobs
 
     def jobs_on(self, device: str) -> list[tuple[Case, str]]:
-        """The jobs with every case on ``device`` (what a run on it will execute)."""
-        for sweep in self.sweeps:
+        """The jobs with every case on ``device`` (what a run on it will execute): the sweeps
+        whose ``devices`` include its type, e.g. a bf16 sweep for GPUs beside a smaller fp32
+        one for CPUs."""
+        kept = [s for s in self.sweeps if s.runs_on(device)]
+        if not kept:
+            raise BadInput(f"{self.path}: no sweep runs on {device}; its sweeps' devices: "
+                           f"{', '.join(sorted({d for s in self.sweeps for d in s.devices}))}")
+        for sweep in kept:
             sweep.axes["device"] = [device]
-        return self.jobs()
+        return Suite(self.name, self.description, self.path, self.content_hash, self.timing,
+                     self.timeout_s, kept).jobs()
 
     @property
     def backends(self) -> list[str]:
@@ -312,7 +324,13 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
             v.fail(f"{where}axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
                                                             "not both")
         excludes = v.excludes(s.get("exclude"), f"{where}exclude")
-        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes)
+        devices = s.get("devices", [])
+        devices = [devices] if isinstance(devices, str) else devices
+        if not isinstance(devices, list) or not devices and "devices" in s or any(
+                d not in DEVICE_TYPES for d in devices):
+            v.fail(f"{where}devices", s["devices"], f"must be a non-empty list of device "
+                                                    f"types; allowed: {', '.join(DEVICE_TYPES)}")
+        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes, tuple(devices))
         try:
             sweep.cases()
         except ValueError as exc:
