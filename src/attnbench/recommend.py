@@ -275,8 +275,12 @@ def _pick_lines(pick: Pick, shape: Shape) -> list[str]:
         out.append("  no exact backend passed its error tolerance here")
     else:
         w = pick.ranked[0]
-        out.append(f"  fastest within tolerance: {w['backend']}  {w['time_ms_median']:.4g} ms "
-                   f"(95% interval {w['time_ms_ci_low']:.4g}-{w['time_ms_ci_high']:.4g})")
+        low, high = w.get("time_ms_ci_low"), w.get("time_ms_ci_high")
+        iv = (f" (95% interval {low:.4g}-{high:.4g})"
+              if pd.notna(low) and pd.notna(high) else "")
+        noisy = " ~noisy (the drift probe moved while it ran)" if w.get("noisy") is True else ""
+        out.append(f"  fastest within tolerance: {w['backend']}  {w['time_ms_median']:.4g} ms"
+                   f"{iv}{noisy}")
         if pick.margin is None:
             out.append("  runner-up: none (the only exact backend that passed)")
         else:
