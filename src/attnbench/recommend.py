@@ -267,9 +267,13 @@ def render(answer: Answer, where: str) -> str:
 
 def _pick_lines(pick: Pick, shape: Shape) -> list[str]:
     p = pick.problem
-    same = _problem_text(p) == _problem_text(shape.case.to_dict())
-    where = ("the shape itself" if same else
-             f"{_problem_text(p)} ({pick.distance:.2g} octaves from the shape's lengths)")
+    c = shape.case
+    same = _problem_text(p) == _problem_text(c.to_dict())
+    lengths = ("same lengths" if pick.distance == 0 else
+               f"lengths {pick.distance:.2g} octaves from the shape's")
+    work = ("" if p["batch"] * p["heads_q"] == c.batch * c.heads_q else
+            f"; b*hq {p['batch'] * p['heads_q']} where the shape has {c.batch * c.heads_q}")
+    where = "the shape itself" if same else f"{_problem_text(p)} ({lengths}{work})"
     out = [f"on {pick.device}: run {pick.run_id}, measured at {where}"]
     if not pick.ranked:
         out.append("  no exact backend passed its error tolerance here")
@@ -288,7 +292,9 @@ def _pick_lines(pick: Pick, shape: Shape) -> list[str]:
             out.append(f"  margin over the runner-up {r['backend']} "
                        f"({r['time_ms_median']:.4g} ms): "
                        f"{ratios.format_ratio(pick.margin.interval)}, significant: "
-                       f"{pick.margin.describe()}")
+                       f"{pick.margin.describe()}"
+                       + ("" if pick.margin.significant else
+                          f"; a tie on this evidence ({w['backend']} has the lower median)"))
         for o in pick.ranked[2:]:
             out.append(f"  then {o['backend']}: {o['time_ms_median'] / w['time_ms_median']:.3g}x "
                        f"the winner's time")
