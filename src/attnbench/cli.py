@@ -1,4 +1,4 @@
-"""Command line: ``attnbench run | list | env | report | publish | compare | merge``.
+"""Command line: ``attnbench run | list | env | report | publish | recommend | compare | merge``.
 
 Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``, ``compare
 --fail-on-regression``);
@@ -297,6 +297,20 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_recommend(args) -> int:
+    import pandas as pd
+
+    from .recommend import parse_shape, recommend, render
+    from .records import load_results
+
+    shape = parse_shape(args.shape)
+    runs = args.runs or ["results"]
+    frames = [load_results(r) for r in runs]
+    print(render(recommend(shape, pd.concat(frames, ignore_index=True)), ", ".join(runs)),
+          end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -354,6 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--rebuild", action="store_true",
                      help="regenerate every run's report before the index")
     pub.set_defaults(func=cmd_publish)
+    rec = sub.add_parser("recommend", help="the fastest exact backend within tolerance on "
+                                           "the measured problem nearest to a shape")
+    rec.add_argument("--shape", required=True,
+                     help='e.g. "b=1,hq=32,hkv=8,n=8192,d=128,dtype=bfloat16,mask=causal" '
+                          "(keys: b hq hkv n nq nk d dv dtype mask mode device)")
+    rec.add_argument("runs", nargs="*", help="run directories or folders of runs "
+                                             "(default: results)")
+    rec.set_defaults(func=cmd_recommend)
     c = sub.add_parser("compare", help="join two runs on (key, backend) and flag regressions")
     c.add_argument("base", help="base run directory (or a merged dataset)")
     c.add_argument("new", nargs="?",

@@ -31,7 +31,8 @@ else:  # pragma: no cover
 
 TOP_KEYS = ("name", "description", "backends", "axes", "derive", "exclude", "timing", "defaults",
             "sweep", "claim", "comparison")
-SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude")
+SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude", "devices")
+DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it runs on
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "processes": int, "slow_dtype_factor": float}
@@ -56,6 +57,10 @@ class Sweep:
     exclude: list[dict[str, list]] = field(default_factory=list)
     # axes computed from the others at each point (``batch = "16384 // seq_len"``)
     derive: dict[str, arith.Expression] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()  # device types this sweep runs on; () = every device
+
+    def runs_on(self, device: str) -> bool:
+        return not self.devices or device.split(":")[0] in self.devices
 
     def cases(self) -> list[Case]:
         names = [a for a in self.axes if a not in SEQ_AXES] + [a for a in SEQ_AXES
@@ -127,10 +132,17 @@ class Suite:
         return jobs
 
     def jobs_on(self, device: str) -> list[tuple[Case, str]]:
-        """The jobs with every case on ``device`` (what a run on it will execute)."""
-        for sweep in self.sweeps:
+        """The jobs with every case on ``device`` (what a run on it will execute): the sweeps
+        whose ``devices`` include its type, e.g. a bf16 sweep for GPUs beside a smaller fp32
+        one for CPUs."""
+        kept = [s for s in self.sweeps if s.runs_on(device)]
+        if not kept:
+            raise BadInput(f"{self.path}: no sweep runs on {device}; its sweeps' devices: "
+                           f"{', '.join(sorted({d for s in self.sweeps for d in s.devices}))}")
+        for sweep in kept:
             sweep.axes["device"] = [device]
-        return self.jobs()
+        return Suite(self.name, self.description, self.path, self.content_hash, self.timing,
+                     self.timeout_s, kept).jobs()
 
     @property
     def backends(self) -> list[str]:
@@ -361,7 +373,14 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
         own = _table(v, s.get("derive", {}), f"{where}derive")
         derive = v.derive(top | own, lambda a, own=own, where=where: (
             f"{where}derive.{a}" if a in own or not a else f"derive.{a}"), axes)
-        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes, derive)
+        devices = s.get("devices", [])
+        devices = [devices] if isinstance(devices, str) else devices
+        if not isinstance(devices, list) or not devices and "devices" in s or any(
+                d not in DEVICE_TYPES for d in devices):
+            v.fail(f"{where}devices", s["devices"], f"must be a non-empty list of device "
+                                                    f"types; allowed: {', '.join(DEVICE_TYPES)}")
+        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes, derive,
+                      tuple(devices))
         try:
             sweep.cases()
         except ValueError as exc:
