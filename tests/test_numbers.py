@@ -12,6 +12,7 @@ import pytest
 
 from attnbench import metrics, stats, tables
 from attnbench.case import Case
+from attnbench.ceilings import copy_roof
 from attnbench.execute import CaseCache, execute, execute_group
 from attnbench.record import Record
 from attnbench.registry import all_backends
@@ -233,3 +234,15 @@ def test_a_column_the_lengths_determine_moves_along_the_line():
     assert "batch" not in derived and {"head_dim", "heads_q"} <= set(derived)
     swept = pd.DataFrame([r | {"batch": b} for r in rows for b in (1, 4)])
     assert "batch" in line_columns(swept)
+
+
+def test_copy_roof_holds_a_record_to_the_copy_of_its_own_size():
+    ladder = {"copy_gbps": 10.0,
+              "copy_gbps_by_bytes": {str(2**20): 40.0, str(8 * 2**20): 25.0,
+                                     str(128 * 2**20): 10.0}}
+    assert copy_roof(ladder, 3 * 2**20) == 40.0  # in-cache: the 1 MiB copy's roof
+    assert copy_roof(ladder, 16 * 2**20) == 25.0  # a copy of 8 MiB moves 16 MiB
+    assert copy_roof(ladder, 2**30) == 10.0  # streaming
+    assert copy_roof(ladder, 1000) == 40.0  # smaller than every copy: the fastest roof
+    assert copy_roof({"copy_gbps": 10.0}, 1000) == 10.0  # runs from before the ladder
+    assert copy_roof({}, 1000) is None

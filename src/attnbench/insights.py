@@ -247,6 +247,17 @@ def reasons(df: pd.DataFrame) -> pd.DataFrame:
                                           else s).reset_index(drop=True)
 
 
+def _copy_ceilings(meta: dict) -> str:
+    """Copy bandwidth per copied size, largest first: ``GB/s: 12.3 (128 MiB copied), 40.1 (1 MiB
+    copied)``."""
+    ceilings = meta.get("ceilings") or {}
+    ladder = sorted(((int(n), g) for n, g in (ceilings.get("copy_gbps_by_bytes") or {}).items()),
+                    reverse=True)
+    if not ladder:
+        return f"{ceilings['copy_gbps']:.3g} GB/s" if ceilings.get("copy_gbps") else DASH
+    return "GB/s: " + ", ".join(f"{g:.3g} ({n / 2**20:g} MiB copied)" for n, g in ladder)
+
+
 def _ceilings(meta: dict) -> str:
     c = meta.get("ceilings") or {}
     mm = ", ".join(f"{k} {v:.3g}" for k, v in (c.get("matmul_tflops") or {}).items())
@@ -294,9 +305,7 @@ def environment(runs: list[Run]) -> pd.DataFrame:
         "started / ended": lambda r: f"{r.meta.get('started') or DASH} / "
                                      f"{r.meta.get('ended') or DASH}",
         "matmul ceiling": lambda r: _ceilings(r.meta),
-        "copy bandwidth": lambda r: (f"{r.meta['ceilings']['copy_gbps']:.3g} GB/s"
-                                     if (r.meta.get("ceilings") or {}).get("copy_gbps")
-                                     else DASH),
+        "copy bandwidth": lambda r: _copy_ceilings(r.meta),
         "drift probe": lambda r: _probe(r.meta),
         "records": lambda r: tables.status_counts(r.records) if not r.records.empty else "0",
     }

@@ -90,7 +90,8 @@ METRICS: tuple[Metric, ...] = (
            "once) / median time", section="Bandwidth (GB/s of the minimum traffic)"),
     Metric("frac_matmul", "1", HIGHER, "tflops / the run's measured matmul rate for the "
            "dtype", section="Fraction of the measured matmul rate", percent=True),
-    Metric("frac_bandwidth", "1", HIGHER, "gbps / the run's measured copy bandwidth",
+    Metric("frac_bandwidth", "1", HIGHER, "gbps / the run's measured copy bandwidth for "
+           "as much traffic (a working set that fits a cache is held to that cache's roof)",
            section="Fraction of the measured copy bandwidth", percent=True),
     Metric("peak_mem_bytes", "bytes", LOWER, "peak memory above what the inputs hold (GPU: "
            "max_memory_allocated; CPU: VmHWM after clear_refs)",

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from . import environment, probe, rankdirs, records, rundir, sharding
 from .case import Case
+from .ceilings import copy_roof
 from .errors import BadInput
 from .pairing import job_groups
 from .record import FORMAT_VERSION, Record
@@ -253,7 +254,7 @@ def finish_record(rec: Record, run_id: str, suite: str, env_cols: dict, env_id: 
     peak = ceilings.get("matmul_tflops", {}).get(rec.case.dtype)
     if rec.metrics.get("tflops") is not None and peak:
         rec.update(frac_matmul=rec.metrics["tflops"] / peak)
-    bw = ceilings.get("copy_gbps")
+    bw = copy_roof(ceilings, rec.case.bytes)
     if rec.metrics.get("gbps") is not None and bw:
         rec.update(frac_bandwidth=rec.metrics["gbps"] / bw)
     row = {"run_id": run_id, "suite": suite, "format_version": FORMAT_VERSION,
