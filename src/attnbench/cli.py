@@ -1,4 +1,4 @@
-"""Command line: ``attnbench run | list | env | report | publish | compare``.
+"""Command line: ``attnbench run | profile | list | env | report | publish | compare``.
 
 Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``, ``compare
 --fail-on-regression``);
@@ -139,11 +139,15 @@ def cmd_run(args) -> int:
             print(f"plan: would be refused without --force: {problem}")
         return 0
     check_plan(plan, args.force)
+    if args.profile:
+        from .profile_cmd import check_pairs
+        check_pairs(plan.pairs, args.force)
     options = RunOptions(out=Path(args.out), run_id=args.run_id or args.resume,
                          resume=bool(args.resume), isolate=inv["isolate"],
                          threads=inv["threads"], progress=not args.no_progress, retry=retry,
                          invocation=inv, max_memory_bytes=_size("--max-memory", inv.get(
-                             "max_memory")), explicit_dtypes=dtypes is not None)
+                             "max_memory")), explicit_dtypes=dtypes is not None,
+                         profile=args.profile)
     if options.max_memory_bytes and not options.isolate:
         raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
     run_dir = run_suite(suite, device, options)
@@ -154,6 +158,9 @@ def cmd_run(args) -> int:
     print(tables.to_text(tables.pivot(df)))
     print(f"\n{tables.status_counts(df)}")
     print(f"results: {run_dir}")
+    if args.profile:
+        from .profile_cmd import summary_lines
+        print("\n".join(summary_lines(records.read_records(run_dir), run_dir, inv)))
     if not args.no_report:
         reports = Path(args.reports) if args.reports else run_dir.parent.parent / "reports"
         report_dir = build_report([run_dir], reports / run_dir.name)
@@ -319,7 +326,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a plan over the limits (100,000 pairs, inputs beyond memory)")
     r.add_argument("--strict", action="store_true",
                    help="exit 1 if any record is wrong, error, crashed or timeout")
+    r.add_argument("--profile", action="store_true",
+                   help="after measuring each pair, profile one more untimed call: trace, "
+                        "kernel table (see attnbench profile)")
     r.set_defaults(func=cmd_run)
+
+    pr = sub.add_parser("profile", help="run and profile pairs selected as run selects them: "
+                                        "Perfetto trace, kernel table, nsys/ncu lines")
+    for flag in ("--suite", "--backends", "--device", "--dtype", "--seq-len", "--run-id",
+                 "--reports", "--threads"):
+        pr.add_argument(flag, type=int if flag == "--threads" else None,
+                        help=f"as in attnbench run {flag}")
+    pr.add_argument("--out", default="results", help="results root (default: results)")
+    for flag in ("--no-report", "--no-isolate", "--no-progress", "--force"):
+        pr.add_argument(flag, action="store_true", help=f"as in attnbench run {flag}")
+    pr.set_defaults(func=cmd_run, profile=True, resume=None, retry=None, max_memory=None,
+                    check_determinism=False, dry_run=False, strict=False)
 
     ls = sub.add_parser("list", help="list backends with availability and reasons")
     ls.add_argument("--json", action="store_true")
