@@ -253,6 +253,41 @@ class Jitters(Fake):
         return lambda q, k, v: exact(q, k, v) + 1e-6 * torch.randn(q.shape[:-1] + v.shape[-1:])
 
 
-BACKENDS = [LosesContext(), Jitters(), OomAbove(), Raises(), Crashes(), Hangs(), Nan(),
+class Sleeps(Fake):
+    """Exact attention plus a sleep of FAKE_SLEEP_MS milliseconds (default 0): a planted
+    slowdown for regression gates (pytest-benchmark's --benchmark-compare-fail)."""
+
+    name = "fake_sleep"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+        pause = float(os.environ.get("FAKE_SLEEP_MS", "0")) * 1e-3
+
+        def f(q, k, v):
+            if pause:
+                time.sleep(pause)
+            return exact(q, k, v)
+
+        return f
+
+
+class Logged(Fake):
+    """Exact attention that logs, per call, whether torch's profiler was on (CALLS)."""
+
+    name = "fake_logged"
+    CALLS: list[bool] = []
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+
+        def f(q, k, v):
+            Logged.CALLS.append(torch.autograd.profiler._is_profiler_enabled)
+            return exact(q, k, v)
+
+        return f
+
+
+BACKENDS = [Sleeps(), Logged(),
+            LosesContext(), Jitters(), OomAbove(), Raises(), Crashes(), Hangs(), Nan(),
             SlightlyWrong(), Missing(), Refuses(), DriftingSlow(), DriftingFast(), Aborts(),
             WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog()]
