@@ -13,27 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from .choose import csv_list as _csv
 from .errors import BadInput
 
 GATE_STATUSES = ("wrong", "error", "crashed", "timeout")
-
-
-def _csv(text: str | None) -> list[str] | None:
-    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ints(option: str, text: str | None) -> list[int] | None:
-    items = _csv(text)
-    if items is None:
-        return None
-    try:
-        values = [int(x) for x in items]
-    except ValueError:
-        raise BadInput(f"{option} {text!r}: give comma-separated positive integers, "
-                       f"e.g. 512,1024") from None
-    if not values or min(values) <= 0:
-        raise BadInput(f"{option} {text!r}: sequence lengths must be positive integers")
-    return values
 
 
 # The run options a --resume takes from the run itself (meta.json's "invocation").
@@ -97,11 +80,10 @@ def _replay(args) -> dict:
 
 def cmd_run(args) -> int:
     from . import metrics, records, tables
+    from .choose import select
     from .plan import check_plan, make_plan
-    from .registry import all_backends
     from .report import build_report
-    from .runner import RunOptions, resolve_device, run_suite
-    from .suite import load_suite, override_axes
+    from .runner import RunOptions, run_suite
 
     if args.threads is not None and args.threads <= 0:
         raise BadInput(f"--threads {args.threads}: allowed: a positive integer")
@@ -116,23 +98,11 @@ def cmd_run(args) -> int:
         raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
                        f"one of them (--resume names the run)")
     inv = _replay(args) if args.resume else _invocation(args)
-    known = sorted(all_backends())
-    backends = _csv(inv["backends"])
-    if backends is not None and not backends:
-        raise BadInput("--backends '': allowed: comma-separated backend names, e.g. sdpa,naive")
-    for b in backends or []:
-        if b not in known:
-            raise BadInput(f"--backends: unknown backend {b!r}; allowed: {', '.join(known)}")
-    dtypes = _csv(inv["dtype"])
-    if dtypes is not None and not dtypes:
-        raise BadInput("--dtype '': allowed: comma-separated dtypes, e.g. float32,bfloat16")
-    device = resolve_device(inv["device"])
-    suite = load_suite(inv["suite"], known)
-    override_axes(suite, backends=backends, dtype=dtypes,
-                  seq_len=_ints("--seq-len", inv["seq_len"]))
+    suite, device, jobs = select(inv["suite"], inv["backends"], inv["dtype"], inv["seq_len"],
+                                 inv["device"])
     if inv.get("check_determinism"):
         suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
-    plan = make_plan(suite, suite.jobs_on(device), device)
+    plan = make_plan(suite, jobs, device)
     if args.dry_run:
         print(f"plan: {plan.summary()}")
         for problem in plan.problems():
@@ -146,7 +116,7 @@ def cmd_run(args) -> int:
                          resume=bool(args.resume), isolate=inv["isolate"],
                          threads=inv["threads"], progress=not args.no_progress, retry=retry,
                          invocation=inv, max_memory_bytes=_size("--max-memory", inv.get(
-                             "max_memory")), explicit_dtypes=dtypes is not None,
+                             "max_memory")), explicit_dtypes=inv["dtype"] is not None,
                          profile=args.profile)
     if options.max_memory_bytes and not options.isolate:
         raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")

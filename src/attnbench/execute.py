@@ -142,6 +142,13 @@ def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
     return Candidate(record, backend, prepared, inputs)
 
 
+def open_job(case: Case, backend_name: str, cache: CaseCache) -> Record | Candidate:
+    """Availability, support, setup and the checked call of one pair, as a run does them:
+    a final record (not ok, with its reason) or a candidate ready to time (whose record may
+    say ``wrong``). The pytest-benchmark plugin (benchmarks/) times candidates its own way."""
+    return _open(case, backend_name, cache)
+
+
 def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
            cache: CaseCache) -> None:
     """One call against the float64 evaluation: error columns and the ok/wrong verdict."""
