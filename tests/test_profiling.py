@@ -12,6 +12,7 @@ from attnbench import profiling
 from attnbench.case import Case
 from attnbench.execute import CaseCache, execute_group, timing_columns
 from attnbench.record import OPTIONAL_COLUMNS
+from attnbench.report import build_report
 from attnbench.timing import TimingBudget
 
 BUDGET = TimingBudget(warmup_s=0.001, budget_s=0.02, min_reps=3, max_reps=8)
@@ -136,6 +137,13 @@ def test_profile_command_writes_files_and_tool_lines(tmp_path, capsys, monkeypat
     assert "-cuda-none-fwd-s0/sdpa" in out  # the range the GPU run will open
     rows = list(csv.DictReader(open(next((tmp_path / "res" / "p1").rglob("*.kernels.csv")))))
     assert rows and rows[0]["device"] == "cpu"
+    assert profiling.OUTSIDE_OPERATORS in {r["name"] for r in rows}
+
+    report = build_report([tmp_path / "res" / "p1"], tmp_path / "rep")
+    md = (report / "index.md").read_text()
+    section = md[md.index("## Where the time goes"):]
+    assert "scaled_dot_product_flash_attention_for_cpu" in section.split("\n## ")[0]
+    assert (report / "roofline.png").is_file() and "roof float32" in section
 
 
 @pytest.mark.parametrize("args,fragments", [

@@ -35,6 +35,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 PROFILES = "profiles"
+OUTSIDE_OPERATORS = "(the call itself, outside any operator)"  # the region's own self time
 TOP_ROWS = 8  # rows of the kernel table a record carries (the files hold all of them)
 # A kernel holding at least this share of the device time is taken to be the attention
 # kernel, and the case's work and minimum traffic are attributed to it (FLOP/s, bytes/s).
@@ -94,15 +95,18 @@ def _file_stem(case_key: str) -> str:
 
 
 def kernel_table(events, device: str, median_ms: float, work_flops: float | None = None,
-                 min_bytes: float | None = None, n_calls: int = 1) -> list[KernelRow]:
+                 min_bytes: float | None = None, n_calls: int = 1,
+                 region: str | None = None) -> list[KernelRow]:
     """Rows of a profile's key averages over ``n_calls`` calls, per call, largest self time
     first.
 
     CPU: every ATen operator with self time (the profiled region's own self time included),
     so the self times add up to the profiled call. CUDA: every kernel with device time, so
-    they add up to the busy time of the GPU. FLOP/s comes from the profiler's FLOP counts
-    (matmuls) where it has them; a kernel holding ``DOMINANT_SHARE`` of the device time gets
-    the case's work and minimum traffic (FLOP/s and bytes/s of the attention kernel)."""
+    they add up to the busy time of the GPU. The profiled region's (``region``) own self time
+    is listed as ``OUTSIDE_OPERATORS`` (Python, allocation, waiting). FLOP/s comes from the
+    profiler's FLOP counts (matmuls) where it has them; a kernel holding ``DOMINANT_SHARE``
+    of the device time gets the case's work and minimum traffic (FLOP/s and bytes/s of the
+    attention kernel)."""
     rows = []
     for evt in events:
         if device == "cuda":
@@ -118,7 +122,8 @@ def kernel_table(events, device: str, median_ms: float, work_flops: float | None
         if self_us <= 0:
             continue
         self_ms = self_us / 1e3 / n_calls
-        row = KernelRow(evt.key, device, round(evt.count / n_calls, 3), total_us / 1e3 / n_calls,
+        name = OUTSIDE_OPERATORS if evt.key == region else evt.key
+        row = KernelRow(name, device, round(evt.count / n_calls, 3), total_us / 1e3 / n_calls,
                         self_ms, self_ms / median_ms if median_ms else float("nan"))
         flops = getattr(evt, "flops", 0) or 0
         if flops > 0:
@@ -193,7 +198,8 @@ def profile_pair(fn: Callable[[], object], case, backend: str, median_ms: float,
     prof.export_chrome_trace(str(trace))  # torch gzips a path ending in .gz
     device = "cuda" if cuda else "cpu"
     events = prof.key_averages()
-    rows = kernel_table(events, device, median_ms, work_flops, case.bytes, n_calls)
+    rows = kernel_table(events, device, median_ms, work_flops, case.bytes, n_calls,
+                        region=range_name(case.key, backend))
     table = stem.with_name(stem.name + ".kernels.csv")
     write_table(rows, table)
     root = [e for e in events if e.key == range_name(case.key, backend)]
