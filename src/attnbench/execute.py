@@ -139,6 +139,11 @@ def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
     for key in ("kernel", "compile_s", *OPTIONAL_COLUMNS):
         if key in prepared.extras:
             record.update(**{key: prepared.extras[key]})
+    if "columns_after_check" in prepared.extras:  # what a backend can say once it has run
+        try:
+            record.update(**prepared.extras["columns_after_check"]())
+        except Exception as exc:  # information only: its failure costs only itself
+            record.update(columns_error=one_line(exc))
     return Candidate(record, backend, prepared, inputs)
 
 
@@ -253,6 +258,8 @@ def _profile(cand: Candidate, run_dir: str) -> None:
     """After measuring: one more, untimed, call under the profiler (profiling.py)."""
     rec = cand.record
     try:
+        if "columns_when_profiled" in cand.prepared.extras:  # worth their cost only here
+            rec.update(**cand.prepared.extras["columns_when_profiled"]())
         rec.update(**profiling.profile_pair(cand.prepared.fn, rec.case, rec.backend,
                                             rec.metrics["time_ms_median"],
                                             rec.metrics.get("work_flops"), run_dir))
