@@ -46,9 +46,11 @@ def summary_lines(rows: list[dict], run_dir: Path, inv: dict) -> list[str]:
             continue
         rec = Record.from_row(row)
         median = row.get("time_ms_median")
-        out.append(f"\n{row['backend']} {row['key']}: median {median:.4g} ms, kernel table "
-                   f"total {row['profile_total_ms']:.4g} ms "
-                   f"({row['profile_total_ms'] / median:.0%} of the median)")
+        samples = row.get("samples_ms") or [median]
+        out.append(f"\n{row['backend']} {row['key']}: median {median:.4g} ms (samples "
+                   f"{min(samples):.4g}..{max(samples):.4g}), kernel table total "
+                   f"{row['profile_total_ms']:.4g} ms ({row['profile_total_ms'] / median:.0%} "
+                   f"of the median)")
         for top in (row.get("profile_top") or [])[:SHOWN_ROWS]:
             out.append(f"  {top['share']:7.1%}  {top['self_ms']:9.4g} ms  x{top['calls']:<4g} "
                        f"{top['name'][:90]}")
