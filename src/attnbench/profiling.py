@@ -217,7 +217,8 @@ def profile_pair(fn: Callable[[], object], case, backend: str, median_ms: float,
     if cuda:
         memory = stem.with_name(stem.name + ".memory.json.gz")
         try:
-            prof.export_memory_timeline(str(memory), device=str(dev))
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            prof.export_memory_timeline(str(memory), device=f"cuda:{index}")
             cols["profile_memory"] = str(memory.relative_to(run_dir))
         except Exception as exc:  # the timeline is a bonus: its failure costs only itself
             cols["profile_memory_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
