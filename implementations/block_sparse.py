@@ -1,10 +1,10 @@
 """block_sparse: softmax attention restricted to a block layout, computing only nonzero blocks.
 
 The layout is a boolean (n_q_blocks, n_k_blocks) grid of ``b x b`` tiles (``local``,
-``bigbird`` or ``explicit``; see ``attnbench.block_layouts``). For each query block the
-key blocks it may see are listed; query blocks are grouped into *buckets* by how many key
-blocks they see, and inside a bucket every row's list is padded to the bucket's maximum
-with a dummy (masked) key block. A bucket then runs as dense batched work:
+``bigbird``, ``longformer``, ``strided`` or ``explicit``; see ``attnbench.block_layouts``).
+For each query block the key blocks it may see are listed; query blocks are grouped into
+*buckets* by how many key blocks they see, and inside a bucket every row's list is padded
+to the bucket's maximum with a dummy (masked) key block. A bucket then runs as dense batched work:
 
     K_g = K_blocks[idx]                  (rows, kmax*b, D)   gathered copy, no dense N x N
     S   = scale * Q_rows @ K_g^T + bias  (rows, G*b, kmax*b)
@@ -54,10 +54,7 @@ def case_layout(case) -> torch.Tensor:
     """The (n_q_blocks, n_k_blocks) layout this backend applies to ``case``."""
     if case.mask_spec.kind == "block_sparse":
         return case.block_layout
-    return block_layouts.make_layout(
-        case.block_layout_name, case.seq_q, case.seq_k, case.block_size, band=case.block_band,
-        global_blocks=case.block_global, random_blocks=case.block_random, seed=case.seed,
-        pairs=case.block_pairs)
+    return case.layout_named(case.block_layout_name)
 
 
 @dataclass

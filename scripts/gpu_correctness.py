@@ -1,23 +1,30 @@
 #!/usr/bin/env python3
-"""triton_flash on a CUDA GPU: forward and backward against the float64 reference.
+"""Every GPU backend of suites/h200.toml against the float64 reference, first of all.
 
-Two parts, spread over worker processes (Triton compiles on the CPU, one kernel at a time per
-process, so compiling in parallel is what keeps this short):
+Three parts, spread over worker processes (Triton and inductor compile on the CPU, one
+kernel at a time per process, so compiling in parallel is what keeps this short; each task
+is at most one shape or one tuning candidate, so no task holds the others up):
 
-* ``shapes``: a grid of awkward shapes (ragged lengths, cross-attention, GQA/MQA, padded head
-  dimensions, d_v != d, windows, a single query row) in fp32, bf16 and fp16, with the default
-  launch configuration;
-* ``configs``: every tuning candidate of every kernel, for the head dims, dtypes and masks of
-  suites/h200.toml, on a shape that specialises like the suite's (so the compiled kernels land
-  in Triton's on-disk cache and the suite's tuning does not compile again).
+* ``shapes``: triton_flash forward and backward on a grid of awkward shapes (ragged
+  lengths, cross-attention, GQA/MQA, padded head dimensions, d_v != d, windows, a single
+  query row) in fp32, bf16 and fp16, with the default launch configuration;
+* ``configs``: every tuning candidate of every triton_flash kernel, one task each, for the
+  head dims, dtypes and masks of suites/h200.toml, on a shape that specialises like the
+  suite's (so the compiled kernels land in Triton's on-disk cache and the suite's tuning
+  does not compile again);
+* ``backends``: sdpa_flash, sdpa_cudnn, sdpa_efficient and xformers on the bf16 awkward
+  shapes, flex on two of them, through the harness (its float64 check and status: an
+  unsupported shape or a missing package is ``not runnable`` with the reason).
 
 Criteria: fp32 relative L2 <= a tenth of the suite's fp32 tolerance (the kernels multiply
-fp32 as three TF32 products); bf16/fp16
-FlashAttention's: max-abs error <= 2 x that of naive PyTorch in the same dtype + 1e-3 x max|ref|,
-and relative L2 within the suite's dtype tolerance. Writes a JSON of every check; exit code 1
-if any check failed, 2 without a GPU.
+fp32 as three TF32 products); bf16/fp16 FlashAttention's: max-abs error <= 2 x that of naive
+PyTorch in the same dtype + 1e-3 x max|ref|, and relative L2 within the suite's dtype
+tolerance; other backends: the harness's verdict. The JSON (``--out``) is rewritten after
+every task, so a run cut short by its time limit still holds what finished. Exit code 1 if
+any check failed or the run was interrupted, 2 without a GPU.
 
-Usage: python scripts/gpu_correctness.py [--out FILE.json] [--jobs N] [--parts shapes,configs]
+Usage: python scripts/gpu_correctness.py [--out FILE.json] [--jobs N]
+       [--parts shapes,configs,backends] [--smoke]
 """
 
 from __future__ import annotations
@@ -44,15 +51,20 @@ SHAPES = [
     (1, 2, 2, 1, 4096, 128, 128, "causal"),  # one query row
     (1, 16, 16, 4096, 4096, 128, 128, "window(1023,0)"),
 ]
-SHAPE_DTYPES = ["bfloat16", "float16"]
+# Each (shape, dtype) compiles three kernels (about 30 s of one core): bf16 on every shape,
+# fp16 and fp32 on the few that take every code path (docs/gpu.md, "Budget").
+FP16_SHAPES = [SHAPES[i] for i in (2, 4, 7)]
 # fp32 compiles slowly (large tiles of 3xTF32 products): a subset with every code path.
-FP32_SHAPES = [SHAPES[i] for i in (2, 4, 5, 7)]
+FP32_SHAPES = [SHAPES[i] for i in (2, 5)]
 
 # Combos of suites/h200.toml: (dtype, d, mask). Shape (1, 16, 16, 1024, 1024) specialises like
 # every case of the suite (lengths and heads divisible by 16, one kv head per q head).
-CONFIG_COMBOS = [(dt, d, m) for dt in ("bfloat16", "float16") for d in (64, 128)
-                 for m in ("none", "causal")]
-CONFIG_COMBOS += [("bfloat16", 128, "window(4095,0)"), ("float16", 128, "window(4095,0)")]
+CONFIG_COMBOS = [("bfloat16", d, m) for d in (128, 64) for m in ("causal", "none")]
+CONFIG_COMBOS += [("bfloat16", 128, "window(4095,0)"), ("float16", 128, "causal")]
+# Every other GPU backend of the suite, through the harness (its own float64 check), on the
+# awkward shapes it accepts; flex compiles per shape, so it gets two.
+OTHER_BACKENDS = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "xformers"]
+FLEX_SHAPES = [0, 2]  # indices into SHAPES
 
 
 def _errors(got, ref):
@@ -132,8 +144,9 @@ def run_shape(shape, dtype):
     return results
 
 
-def run_configs(dtype, d, mask):
-    """Every candidate config of fwd, dkdv and dq on one suite-like shape."""
+def run_config(dtype, d, mask, kernel, index):
+    """Candidate ``index`` of ``kernel`` (fwd, dkdv or dq) on one suite-like shape: one
+    task per candidate, so compiling them spreads over every process."""
     import torch
 
     from attnbench.implementations import triton_flash
@@ -149,43 +162,50 @@ def run_configs(dtype, d, mask):
     q, k, v, go = inputs.q, inputs.k, inputs.v, inputs.grad_out
     ref = case_reference(case, inputs).as_dict()
     naive = _grads(get_backend("naive").build(case, inputs), inputs)
-    o, lse = K.forward(q, k, v, plan)
-    default = K.backward(q, k, v, o, lse, go, plan)
-    base = {"out": o, "dq": default[0], "dk": default[1], "dv": default[2]}
-    for kernel in ("fwd", "dkdv", "dq"):
-        for cfg in K.candidate_configs(kernel, d, d)[: 1 if DEVICE == "cpu" else None]:
-            label = f"config {kernel} {cfg} {dtype} d{d} {mask}"
-            try:
-                got = dict(base)
-                if kernel == "fwd":
-                    got["out"], _ = K.forward(q, k, v, plan, cfg)
-                    names = ("out",)
-                else:
-                    delta = K._delta(o, go)
-                    if kernel == "dkdv":
-                        dk, dv = torch.empty_like(k), torch.empty_like(v)
-                        K._launch_dkdv(q, k, v, go, dk, dv, lse, delta, plan, cfg)
-                        got["dk"], got["dv"] = dk, dv
-                        names = ("dk", "dv")
-                    else:
-                        dq = torch.empty_like(q)
-                        K._launch_dq(q, k, v, go, dq, lse, delta, plan, cfg)
-                        got["dq"] = dq
-                        names = ("dq",)
-                if DEVICE == "cuda":
-                    torch.cuda.synchronize()
-                _check(label, dtype, {n: got[n] for n in names}, naive,
-                       {n: ref[n] for n in names}, results)
-            except Exception as exc:  # e.g. out of shared memory: the tuner skips it too
-                results.append({"check": label, "tensor": "-", "ok": None,
-                                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+    cfg = K.candidate_configs(kernel, d, d)[index]
+    label = f"config {kernel} {cfg} {dtype} d{d} {mask}"
+    try:
+        o, lse = K.forward(q, k, v, plan, cfg if kernel == "fwd" else None)
+        if kernel == "fwd":
+            got = {"out": o}
+        else:
+            delta = K._delta(o, go)
+            if kernel == "dkdv":
+                dk, dv = torch.empty_like(k), torch.empty_like(v)
+                K._launch_dkdv(q, k, v, go, dk, dv, lse, delta, plan, cfg)
+                got = {"dk": dk, "dv": dv}
+            else:
+                dq = torch.empty_like(q)
+                K._launch_dq(q, k, v, go, dq, lse, delta, plan, cfg)
+                got = {"dq": dq}
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        _check(label, dtype, got, naive, {n: ref[n] for n in got}, results)
+    except Exception as exc:  # e.g. out of shared memory: the tuner skips it too
+        results.append({"check": label, "tensor": "-", "ok": None,
+                        "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
     return results
+
+
+def run_backend(shape, dtype, backend):
+    """Another GPU backend through the harness: its record's status and errors."""
+    from attnbench.execute import CaseCache, execute
+    from attnbench.timing import TimingBudget
+
+    case, _ = _inputs(shape, dtype)
+    rec = execute(case, backend, TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache()).to_row()
+    status = rec["status"]
+    ok = True if status == "ok" else None if status in ("unsupported", "unavailable") else False
+    errors = {k: v for k, v in rec.items() if k.startswith("err_impl") and v == v}
+    return [{"check": f"backend {backend} {dtype} {case.key}", "tensor": "-", "ok": ok,
+             "status": status, **errors,
+             **({"error": rec.get("reason", "")} if ok is not True else {})}]
 
 
 def _task(kind, args):
     t0 = time.perf_counter()
     try:
-        res = run_shape(*args) if kind == "shape" else run_configs(*args)
+        res = {"shape": run_shape, "config": run_config, "backend": run_backend}[kind](*args)
     except Exception as exc:
         res = [{"check": f"{kind} {args}", "tensor": "-", "ok": False,
                 "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}]
@@ -197,18 +217,20 @@ def _task(kind, args):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write every check as JSON here")
-    ap.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--parts", default="shapes,configs")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)  # ptxas: one core each
+    ap.add_argument("--parts", default="shapes,configs,backends")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU dry run of this script through the Triton interpreter, tiny shapes")
     args = ap.parse_args(argv)
-    global SHAPES, FP32_SHAPES, CONFIG_COMBOS
+    global SHAPES, FP16_SHAPES, FP32_SHAPES, CONFIG_COMBOS
     if args.smoke:  # before torch/triton: the kernels must be defined interpreted
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["ATTNBENCH_CHECK_DEVICE"] = "cpu"
         SHAPES = [(1, 2, 1, 33, 47, 40, 24, "window(5,3)"), (1, 2, 2, 1, 20, 16, 16, "causal")]
+        FP16_SHAPES = SHAPES[1:]
         FP32_SHAPES = SHAPES[:1]
         CONFIG_COMBOS = [("bfloat16", 64, "causal")]
+        OTHER_BACKENDS[:] = ["sdpa_flash", "sdpa_cudnn"]
     elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("gpu_correctness: TRITON_INTERPRET is set; unset it to check the compiled kernels")
         return 2
@@ -218,47 +240,72 @@ def main(argv=None) -> int:
         print("gpu_correctness: no CUDA GPU visible to torch; nothing to check here")
         return 2
     parts = set(args.parts.split(","))
-    tasks = []
-    if "configs" in parts:  # the longest tasks first
-        tasks += [("configs", c) for c in CONFIG_COMBOS]
+    from attnbench.implementations import triton_flash
+
+    K = triton_flash.kernels()
+    tasks = []  # the longest first: flex compiles through inductor, shapes compile 3 kernels
+    if "backends" in parts and not args.smoke:
+        tasks += [("backend", (SHAPES[i], "bfloat16", "flex")) for i in FLEX_SHAPES]
     if "shapes" in parts:
-        tasks += [("shape", (s, dt)) for s in SHAPES for dt in SHAPE_DTYPES]
+        tasks += [("shape", (s, "bfloat16")) for s in SHAPES]
+        tasks += [("shape", (s, "float16")) for s in FP16_SHAPES]
         tasks += [("shape", (s, "float32")) for s in FP32_SHAPES]
+    if "configs" in parts:  # every combo's forward first: a dK/dV or dQ task runs the
+        for kernel in ("fwd", "dkdv", "dq"):  # default forward, by then in the disk cache
+            for dtype, d, mask in CONFIG_COMBOS:
+                count = 1 if args.smoke else len(K.candidate_configs(kernel, d, d))
+                tasks += [("config", (dtype, d, mask, kernel, i)) for i in range(count)]
+    if "backends" in parts:
+        tasks += [("backend", (s, "bfloat16", b)) for s in SHAPES for b in OTHER_BACKENDS]
     device_name = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
     print(f"gpu_correctness: {len(tasks)} tasks on {device_name} with "
           f"{args.jobs} processes", flush=True)
+    header = {"device": device_name, "torch": torch.__version__,
+              "triton": __import__("triton").__version__, "tasks": len(tasks)}
     t0 = time.perf_counter()
     results = []
-    with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+    pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
+    try:
         futures = [pool.submit(_task, kind, a) for kind, a in tasks]
         for fut in cf.as_completed(futures):
             res = fut.result()
             results += res
-            bad = [r for r in res if r["ok"] is False]
-            skipped = [r for r in res if r["ok"] is None]
-            head = res[0]["check"] if res else "?"
-            if head.startswith("config"):  # "config KERNEL CFG DTYPE dD MASK": name the combo
-                head = "configs " + " ".join(head.split()[3:])
-            print(f"  [{time.perf_counter() - t0:6.1f}s] {'FAIL' if bad else 'ok  '} {head} "
-                  f"({len(res)} checks, {len(bad)} failed, {len(skipped)} not runnable)",
-                  flush=True)
-            for r in bad:
-                what = r.get("error") or (f"maxabs {r['maxabs']:.3g} rel {r['rel']:.3g} "
-                                          f"({r['bound']})")
-                print(f"      FAIL {r['check']} {r['tensor']}: {what}", flush=True)
-            for r in skipped:
-                print(f"      not runnable {r['check']}: {r['error']}", flush=True)
+            _report(res, time.perf_counter() - t0)
+            if args.out:  # as results come: a run cut short still says what it checked
+                _write(args.out, header | {"finished": len(futures) - sum(
+                    not f.done() for f in futures), "results": results})
+    except KeyboardInterrupt:  # the time limit (timeout -s INT): keep what finished
+        print(f"gpu_correctness: interrupted after {len(results)} checks", flush=True)
+        pool.shutdown(wait=False, cancel_futures=True)
+        return 1
+    pool.shutdown()
     n_bad = sum(r["ok"] is False for r in results)
     n_ok = sum(r["ok"] is True for r in results)
     print(f"gpu_correctness: {n_ok} checks passed, {n_bad} failed, "
-          f"{sum(r['ok'] is None for r in results)} configs not runnable, "
+          f"{sum(r['ok'] is None for r in results)} not runnable, "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": device_name, "torch": torch.__version__,
-                       "triton": __import__("triton").__version__, "results": results}, f,
-                      indent=1)
     return 1 if n_bad else 0
+
+
+def _report(res: list[dict], elapsed: float) -> None:
+    bad = [r for r in res if r["ok"] is False]
+    skipped = [r for r in res if r["ok"] is None]
+    head = res[0]["check"] if res else "?"
+    print(f"  [{elapsed:6.1f}s] {'FAIL' if bad else 'ok  '} {head} "
+          f"({len(res)} checks, {len(bad)} failed, {len(skipped)} not runnable)", flush=True)
+    for r in bad:
+        what = r.get("error") or (f"maxabs {r['maxabs']:.3g} rel {r['rel']:.3g} "
+                                  f"({r['bound']})")
+        print(f"      FAIL {r['check']} {r['tensor']}: {what}", flush=True)
+    for r in skipped:
+        print(f"      not runnable {r['check']}: {r['error']}", flush=True)
+
+
+def _write(path: str, doc: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

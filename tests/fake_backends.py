@@ -287,7 +287,23 @@ class Logged(Fake):
         return f
 
 
-BACKENDS = [Sleeps(), Logged(),
-            LosesContext(), Jitters(), OomAbove(), Raises(), Crashes(), Hangs(), Nan(),
-            SlightlyWrong(), Missing(), Refuses(), DriftingSlow(), DriftingFast(), Aborts(),
-            WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog()]
+class KillsItsRank(Fake):
+    """Exact attention, except in the torchrun rank named by FAKE_KILL_RANK: there the
+    process SIGKILLs itself when it sets up its second case (with --no-isolate that is the
+    rank itself, after its first group's records are written)."""
+
+    name = "fake_kill_rank"
+    seen: set = set()
+
+    def build(self, case, inputs):
+        if os.environ.get("RANK") is not None and (
+                os.environ.get("RANK") == os.environ.get("FAKE_KILL_RANK")):
+            self.seen.add(case.key)
+            if len(self.seen) >= 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return _exact(case)
+
+
+BACKENDS = [Sleeps(), Logged(), KillsItsRank(), LosesContext(), Jitters(), OomAbove(), Raises(),
+            Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(), Refuses(), DriftingSlow(),
+            DriftingFast(), Aborts(), WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog()]

@@ -23,7 +23,8 @@ from attnbench.registry import get_backend
 
 @pytest.mark.parametrize("mask", ["causal", "window(0,0)", "window(3,0)", "window(2,5)",
                                   "window(inf,1)", "window(4,inf)", "block_sparse(local)",
-                                  "block_sparse(bigbird)"])
+                                  "block_sparse(bigbird)", "block_sparse(longformer)",
+                                  "block_sparse(strided)"])
 @pytest.mark.parametrize("nq,nk", [(16, 16), (10, 23), (23, 10)])
 def test_mask_mod_matches_mask(mask, nq, nk):
     case = Case(seq_q=nq, seq_k=nk, mask=mask, block_size=4, block_band=1, block_global=1,

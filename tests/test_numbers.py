@@ -12,6 +12,7 @@ import pytest
 
 from attnbench import metrics, stats, tables
 from attnbench.case import Case
+from attnbench.ceilings import copy_roof
 from attnbench.execute import CaseCache, execute, execute_group
 from attnbench.record import Record
 from attnbench.registry import all_backends
@@ -217,3 +218,31 @@ def test_shape_paired_comparisons_and_sided_claims_are_timed_together():
         assert {(c.mask, b) for c, b in group} == {
             ("causal", "sdpa"), ("window(255,0)", "sliding_window"), ("window(255,0)", "naive")}
     assert sum(len(g) for g in groups) == len(suite.jobs())
+
+
+def test_a_column_the_lengths_determine_moves_along_the_line():
+    """h200's batch = 16384 // N: one line per (backend, head_dim), not a diagonal table;
+    a batch swept at each N still gets a line per value."""
+    import pandas as pd
+
+    from attnbench.tables import line_columns
+
+    rows = [dict(backend=b, dtype="bfloat16", mask="causal", mode="fwd", seq_q=n, seq_k=n,
+                 batch=16384 // n, head_dim=d, heads_q=2048 // d)
+            for b in ("triton_flash", "sdpa_flash") for d in (64, 128) for n in (1024, 4096)]
+    derived = line_columns(pd.DataFrame(rows))
+    assert "batch" not in derived and {"head_dim", "heads_q"} <= set(derived)
+    swept = pd.DataFrame([r | {"batch": b} for r in rows for b in (1, 4)])
+    assert "batch" in line_columns(swept)
+
+
+def test_copy_roof_holds_a_record_to_the_copy_of_its_own_size():
+    ladder = {"copy_gbps": 10.0,
+              "copy_gbps_by_bytes": {str(2**20): 40.0, str(8 * 2**20): 25.0,
+                                     str(128 * 2**20): 10.0}}
+    assert copy_roof(ladder, 3 * 2**20) == 40.0  # in-cache: the 1 MiB copy's roof
+    assert copy_roof(ladder, 16 * 2**20) == 25.0  # a copy of 8 MiB moves 16 MiB
+    assert copy_roof(ladder, 2**30) == 10.0  # streaming
+    assert copy_roof(ladder, 1000) == 40.0  # smaller than every copy: the fastest roof
+    assert copy_roof({"copy_gbps": 10.0}, 1000) == 10.0  # runs from before the ladder
+    assert copy_roof({}, 1000) is None

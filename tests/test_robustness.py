@@ -309,7 +309,7 @@ def test_fault_backends_cost_one_record_each(fake_backends, tmp_path, capfd, mon
     assert "fake_chatty: stdout noise" in (run_dir / "worker.log").read_text()
 
 
-def test_dtypes_far_slower_than_the_best_are_left_out_saying_why():
+def test_dtypes_far_slower_than_float32_are_left_out_saying_why():
     from attnbench.runner import slow_dtypes
 
     ceilings = {"matmul_tflops": {"float32": 0.2, "bfloat16": 0.0024}}  # an AVX2 host
@@ -318,6 +318,10 @@ def test_dtypes_far_slower_than_the_best_are_left_out_saying_why():
     assert "0.0024 TFLOP/s" in slow["bfloat16"] and "--dtype bfloat16" in slow["bfloat16"]
     assert slow_dtypes({"matmul_tflops": {"float32": 0.2, "bfloat16": 0.44}}, 8) == {}
     assert slow_dtypes(ceilings, 0) == {}  # a suite without the option runs every dtype
+    # an AMX host: bf16 15x faster than float32, which is still run (the reference precision)
+    assert slow_dtypes({"matmul_tflops": {"float32": 0.07, "bfloat16": 1.1}}, 8) == {}
+    assert list(slow_dtypes({"matmul_tflops": {"float32": 0.07, "bfloat16": 1.1,
+                                                "float16": 0.001}}, 8)) == ["float16"]
 
 
 def test_check_determinism_records_bit_identity(fake_backends, tiny, tmp_path):
@@ -356,6 +360,8 @@ def test_ctrl_c_exits_130_without_a_traceback(tiny, tmp_path):
     import time
 
     out = tmp_path / "results"
+    # a warm-up of 0.3 s per group: the run outlasts a busy machine's delay before the kill
+    tiny.write_text(TINY.replace("warmup_s = 0.0", "warmup_s = 0.3"))
     env = {k: v for k, v in os.environ.items() if k != "ATTNBENCH_PLUGINS"}
     argv = [sys.executable, "-m", "attnbench.cli", "run", "--suite", str(tiny), "--out",
             str(out), "--run-id", "I", "--no-progress", "--no-report", "--seq-len",

@@ -190,3 +190,27 @@ def test_runner_records_kernel_and_unsupported():
     assert rec["status"] == "ok" and rec["kernel"] == "math"
     rec = execute(case, "sdpa_cudnn", budget, cache).to_row()  # a CPU case: never runs
     assert rec["status"] in ("unavailable", "unsupported") and rec["reason"]
+
+
+@pytest.mark.parametrize("mask, mode, seq_q, dtype", [
+    ("none", "fwd", 40, "float32"), ("causal", "bwd", 40, "float32"),
+    ("window(5,0)", "fwd_bwd", 40, "float32"), ("causal", "fwd", 40, "bfloat16"),
+    ("causal", "fwd", 24, "float32"),  # causal_lower_right: only the profiler can tell
+])
+def test_kernel_named_without_a_profiler_is_the_one_the_profiler_sees(mask, mode, seq_q, dtype):
+    """The dispatcher's own answer (torch._fused_sdp_choice) and the op a profiled call
+    runs name the same kernel; where the dispatcher cannot be asked, the profiler does."""
+    from attnbench.implementations import sdpa as sdpa_module
+
+    case = Case(batch=1, heads_q=2, heads_kv=1, seq_q=seq_q, seq_k=40, head_dim=16,
+                head_dim_v=16, dtype=dtype, mask=mask, mode=mode)
+    inputs = case.make_inputs()
+    f = get_backend("sdpa").build(case, inputs)
+    profiled = sdpa_module.detect_kernel(f, case, inputs)
+    asked = sdpa_module.chosen_kernel(case, inputs)
+    if seq_q != 40 and mask == "causal":
+        assert asked is None
+    elif hasattr(torch, "_fused_sdp_choice"):
+        assert asked == profiled
+    record = get_backend("sdpa").prepare(case, inputs).extras["kernel"]
+    assert record == profiled

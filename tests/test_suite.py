@@ -182,3 +182,68 @@ expected = [1.8, 2.2]
     bad = GOOD + '[[claim]]\ntext = "x"\nkind = "guess"\n'
     with pytest.raises(BadInput, match=r"claim\[0\].kind = 'guess': allowed: ratio, value"):
         load_suite(str(write_suite(bad, "bad.toml")), KNOWN)
+
+
+# ---- derived axes ------------------------------------------------------------------------
+DERIVED = """
+name = "tied"
+[derive]
+batch = "1024 // seq_len"
+[[sweep]]
+backends = ["naive"]
+[sweep.axes]
+seq_len = [128, 256]
+head_dim = [32, 64]
+[sweep.derive]
+heads_q = "256 // head_dim"
+heads_kv = "max(1, heads_q // 4)"
+"""
+
+
+def test_derived_axes_follow_the_swept_ones(tmp_path):
+    path = tmp_path / "tied.toml"
+    path.write_text(DERIVED)
+    cases = [c for c, _ in load_suite(str(path)).jobs()]
+    got = {(c.seq_q, c.head_dim): (c.batch, c.heads_q, c.heads_kv) for c in cases}
+    assert got == {(128, 32): (8, 8, 2), (256, 32): (4, 8, 2),
+                   (128, 64): (8, 4, 1), (256, 64): (4, 4, 1)}
+
+
+@pytest.mark.parametrize("line, message", [
+    ('batch = "1024 / seq_len"', "'/' is not integer division; use //"),
+    ('batch = "__import__(\'os\')"', "is not allowed"),
+    ('batch = "seq_len.bit_length()"', "is not allowed"),
+    ('batch = "64 // seq_len"', "gives 0 at seq_len=128; batch must be a positive integer"),
+    ('batch = "heads"', "unknown name 'heads'; allowed: head_dim, seq_len"),
+    ('batch = "seq_len // (head_dim - 32)"', "division by zero"),
+    ('batch = 3', 'must be a non-empty string such as "16384 // seq_len"'),
+    ('dtype = "1"', "derive.dtype = '1': unknown key"),
+])
+def test_bad_derived_axis_is_one_line_naming_the_key(tmp_path, line, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(DERIVED.replace('batch = "1024 // seq_len"', line))
+    with pytest.raises(BadInput) as err:
+        load_suite(str(path)).jobs()
+    text = str(err.value)
+    assert "\n" not in text and str(path) in text and "derive." in text
+    assert message in text, text
+
+
+def test_derived_axis_given_twice_is_refused(tmp_path):
+    path = tmp_path / "twice.toml"
+    path.write_text(DERIVED.replace('heads_q = "256 // head_dim"',
+                                    'heads_q = "256 // head_dim"\nhead_dim = "64"'))
+    with pytest.raises(BadInput, match="head_dim is also given in axes; give it once"):
+        load_suite(str(path))
+
+
+def test_h200_suite_keeps_tokens_and_width_fixed_and_states_its_goals():
+    suite = load_suite("h200")
+    jobs = suite.jobs_on("cuda")
+    for case, _ in jobs:
+        assert case.batch * case.seq_q == 16384 and case.heads_q * case.head_dim == 2048
+    # cut anywhere, the run still holds the core: bf16 d=128, then d=64, come first
+    first = [c for c, _ in jobs[:60]]
+    assert {(c.dtype, c.head_dim) for c in first} == {("bfloat16", 128)}
+    assert {c.dtype for c, _ in jobs[:120]} == {"bfloat16"}
+    assert {g["numerator"] for g in suite.claims} >= {"sdpa_flash", "sdpa_cudnn", "triton_flash"}

@@ -50,10 +50,12 @@ class Case:
     block_global: int = 1
     block_random: int = 2
     block_pairs: tuple[tuple[int, int], ...] = field(default=())
+    block_stride: int = 0  # strided layout: stride in blocks; 0 means round(sqrt(n_k_blocks))
     block_layout_name: str = "bigbird"  # layout block_sparse uses on a dense (mask none) case
     feature_map: str = "elu"
     num_features: int = 256
     additive_dim: int = 0  # 0 means head_dim
+    linformer_k: int = 256  # linformer: rows K and V are projected to along the sequence
     memory_budget_mb: int = 256
     scale: float | None = None  # None means 1/sqrt(head_dim)
 
@@ -65,7 +67,7 @@ class Case:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
         for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim",
-                     "head_dim_v", "block_size"):
+                     "head_dim_v", "block_size", "linformer_k"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.heads_q % self.heads_kv:
@@ -128,10 +130,14 @@ class Case:
         spec = self.mask_spec
         if spec.kind != "block_sparse":
             return None
+        return self.layout_named(spec.layout)
+
+    def layout_named(self, name: str) -> torch.Tensor:
+        """Boolean (n_q_blocks, n_k_blocks) layout ``name`` with this case's block knobs."""
         return block_layouts.make_layout(
-            spec.layout, self.seq_q, self.seq_k, self.block_size, band=self.block_band,
+            name, self.seq_q, self.seq_k, self.block_size, band=self.block_band,
             global_blocks=self.block_global, random_blocks=self.block_random, seed=self.seed,
-            pairs=self.block_pairs)
+            pairs=self.block_pairs, stride=self.block_stride)
 
     @cached_property
     def visible_pairs(self) -> int:
@@ -173,17 +179,21 @@ class Case:
         return self.mode in ("bwd", "fwd_bwd")
 
     def make_inputs(self, device: str | torch.device | None = None) -> Inputs:
-        """Deterministic inputs from ``seed``: same values on every device and dtype."""
-        gen = torch.Generator().manual_seed(self.seed)
+        """Deterministic inputs from ``seed``, the same values in every dtype. On a GPU they
+        are drawn there (drawing 16K tokens x 2048 on the CPU took seconds per case), so GPU
+        and CPU cases with one seed hold different values."""
         B, Hq, Hkv, Nq, Nk, D, Dv = (self.batch, self.heads_q, self.heads_kv, self.seq_q,
                                      self.seq_k, self.head_dim, self.head_dim_v)
         dev = torch.device(device or self.device)
+        draw_on = dev if dev.type == "cuda" else torch.device("cpu")
+        gen = torch.Generator(device=draw_on).manual_seed(self.seed)
 
         def make(*shape):
-            return torch.randn(*shape, generator=gen).to(device=dev, dtype=self.torch_dtype)
+            return torch.randn(*shape, generator=gen, device=draw_on).to(
+                device=dev, dtype=self.torch_dtype)
 
         q = make(B, Hq, Nq, D)
         k = make(B, Hkv, Nk, D)
         v = make(B, Hkv, Nk, Dv)
-        grad_out = make(B, Hq, Nq, Dv) if self.needs_grad else None
-        return Inputs(q, k, v, grad_out)
+        grad_out = make(B, Hq, Nq, Dv) if self.needs_grad else None  # drawn last: q, k, v
+        return Inputs(q, k, v, grad_out)                              # do not depend on it

@@ -1,4 +1,5 @@
-"""Command line: ``attnbench run | profile | list | env | report | publish | compare``.
+"""Command line: ``attnbench run | profile | list | env | report | publish | recommend |
+compare | merge``.
 
 Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``, ``compare
 --fail-on-regression``);
@@ -10,11 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
 from .choose import csv_list as _csv
-from .errors import BadInput
+from .errors import BadInput, PeerLost
 
 GATE_STATUSES = ("wrong", "error", "crashed", "timeout")
 
@@ -84,6 +86,7 @@ def cmd_run(args) -> int:
     from .plan import check_plan, make_plan
     from .report import build_report
     from .runner import RunOptions, run_suite
+    from .sharding import is_lead
 
     if args.threads is not None and args.threads <= 0:
         raise BadInput(f"--threads {args.threads}: allowed: a positive integer")
@@ -121,6 +124,9 @@ def cmd_run(args) -> int:
     if options.max_memory_bytes and not options.isolate:
         raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
     run_dir = run_suite(suite, device, options)
+    if not is_lead():  # a torchrun rank other than 0: rank 0 merged its records
+        print(f"rank {os.environ.get('RANK')}: its records are in {run_dir}")
+        return 0
     df = records.load_results(run_dir)
     median = metrics.get("time_ms_median")
     print(f"{median.section} ({median.shown_unit}) ±half-width of its 95% interval; "
@@ -211,7 +217,7 @@ def cmd_compare(args) -> int:
 
     from . import metrics
     from .compare import decide, environment_difference, join_runs, regressions
-    from .records import load_results, read_meta
+    from .merge import compare_sides
 
     try:
         metric = metrics.get(args.metric)
@@ -224,11 +230,11 @@ def cmd_compare(args) -> int:
     if not args.threshold >= 0:
         raise BadInput(f"--threshold {args.threshold}: allowed: a relative change >= 0, "
                        f"e.g. 0.1")
-    base, new = load_results(args.base), load_results(args.new)
+    (base_meta, base), (new_meta, new) = compare_sides(args.base, args.new, args.runs)
     for name, df in (("base", base), ("new", new)):
         if args.metric not in df.columns:
             raise BadInput(f"--metric {args.metric}: no record of the {name} run has it")
-    diff = environment_difference(read_meta(args.base), read_meta(args.new))
+    diff = environment_difference(base_meta, new_meta)
     if diff:
         print("environment differs: " + "; ".join(diff) + "\n")
     decided = decide(join_runs(base, new, args.metric), args.metric, args.threshold)
@@ -259,6 +265,28 @@ def cmd_compare(args) -> int:
         print(f"  REGRESSION {r['backend']} {r['key']}: {r['status_base']} -> "
               f"{r['status_new']}, ratio {r['ratio']:.3g}{code}")
     return 1 if (args.fail_on_regression and not bad.empty) else 0
+
+
+def cmd_merge(args) -> int:
+    from .merge import describe, merge_runs
+
+    out = merge_runs(args.runs, args.out)
+    print(f"merged: {out} ({describe(out)})")
+    return 0
+
+
+def cmd_recommend(args) -> int:
+    import pandas as pd
+
+    from .recommend import parse_shape, recommend, render
+    from .records import load_results
+
+    shape = parse_shape(args.shape)
+    runs = args.runs or ["results"]
+    frames = [load_results(r) for r in runs]
+    print(render(recommend(shape, pd.concat(frames, ignore_index=True)), ", ".join(runs)),
+          end="")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,9 +361,20 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--rebuild", action="store_true",
                      help="regenerate every run's report before the index")
     pub.set_defaults(func=cmd_publish)
+    rec = sub.add_parser("recommend", help="the fastest exact backend within tolerance on "
+                                           "the measured problem nearest to a shape")
+    rec.add_argument("--shape", required=True,
+                     help='e.g. "b=1,hq=32,hkv=8,n=8192,d=128,dtype=bfloat16,mask=causal" '
+                          "(keys: b hq hkv n nq nk d dv dtype mask mode device)")
+    rec.add_argument("runs", nargs="*", help="run directories or folders of runs "
+                                             "(default: results)")
+    rec.set_defaults(func=cmd_recommend)
     c = sub.add_parser("compare", help="join two runs on (key, backend) and flag regressions")
-    c.add_argument("base", help="base run directory")
-    c.add_argument("new", help="new run directory")
+    c.add_argument("base", help="base run directory (or a merged dataset)")
+    c.add_argument("new", nargs="?",
+                   help="new run directory (left out: BASE is a dataset of two runs)")
+    c.add_argument("--runs", metavar="BASE_ID,NEW_ID",
+                   help="the two runs to compare, by id, when a folder is a merged dataset")
     c.add_argument("--metric", default="time_ms_median")
     c.add_argument("--threshold", type=float, default=0.10,
                    help="relative change that counts as a regression (default 0.10)")
@@ -344,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-missing", action="store_true",
                    help="pairs missing from the new run do not fail the gate")
     c.set_defaults(func=cmd_compare)
+    m = sub.add_parser("merge", help="runs from several machines or commits as one dataset "
+                                     "(report and compare read it)")
+    m.add_argument("runs", nargs="+", help="run directories or datasets")
+    m.add_argument("--out", required=True, help="the dataset's folder (new)")
+    m.set_defaults(func=cmd_merge)
     return p
 
 
@@ -357,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)
         return 130
+    except PeerLost as exc:  # under torchrun: a rank died, the run can be resumed
+        print(f"attnbench: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

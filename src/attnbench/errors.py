@@ -15,3 +15,8 @@ class BadInput(Exception):
 
     The CLI turns it into a single line on stderr and exit code 2.
     """
+
+
+class PeerLost(Exception):
+    """Under torchrun: another rank died before the run's merge. The CLI says it in one line
+    (exit 1); every rank's records are kept and ``--resume`` completes the run."""

@@ -20,45 +20,12 @@ import torch
 from . import accuracy, probe, profiling
 from .backend import DIFFERENT, EXACT, Backend, Prepared
 from .case import Case, Inputs
+from .case_cache import CaseCache
 from .errors import NotSupported
 from .memory import peak_memory_bytes
 from .record import OPTIONAL_COLUMNS, Record
-from .reference import RefResult, case_reference
 from .registry import get_backend
 from .timing import Timing, TimingBudget, measure_interleaved
-
-
-def inputs_key(case: Case) -> tuple:
-    """What a case's inputs depend on: shape, dtype, device, seed, and whether a grad_out is
-    needed; not the mask or the backend, so one set serves every mask and backend."""
-    return (case.batch, case.heads_q, case.heads_kv, case.seq_q, case.seq_k, case.head_dim,
-            case.head_dim_v, case.dtype, case.device, case.seed, case.needs_grad)
-
-
-class CaseCache:
-    """Inputs and exact references of the current job group, shared by all its backends."""
-
-    def __init__(self):
-        self.inputs: dict[tuple, Inputs] = {}
-        self.references: dict[str, RefResult] = {}
-
-    def keep_only(self, cases: list[Case]) -> None:
-        """Free what the next group does not need before it makes its own."""
-        want = {inputs_key(c) for c in cases}
-        self.inputs = {k: v for k, v in self.inputs.items() if k in want}
-        keys = {c.key for c in cases}
-        self.references = {k: v for k, v in self.references.items() if k in keys}
-
-    def inputs_for(self, case: Case) -> Inputs:
-        key = inputs_key(case)
-        if key not in self.inputs:
-            self.inputs[key] = case.make_inputs()
-        return self.inputs[key]
-
-    def reference_for(self, case: Case) -> RefResult:
-        if case.key not in self.references:
-            self.references[case.key] = case_reference(case, self.inputs_for(case))
-        return self.references[case.key]
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

@@ -247,6 +247,17 @@ def reasons(df: pd.DataFrame) -> pd.DataFrame:
                                           else s).reset_index(drop=True)
 
 
+def _copy_ceilings(meta: dict) -> str:
+    """Copy bandwidth per copied size, largest first: ``GB/s: 12.3 (128 MiB copied), 40.1 (1 MiB
+    copied)``."""
+    ceilings = meta.get("ceilings") or {}
+    ladder = sorted(((int(n), g) for n, g in (ceilings.get("copy_gbps_by_bytes") or {}).items()),
+                    reverse=True)
+    if not ladder:
+        return f"{ceilings['copy_gbps']:.3g} GB/s" if ceilings.get("copy_gbps") else DASH
+    return "GB/s: " + ", ".join(f"{g:.3g} ({n / 2**20:g} MiB copied)" for n, g in ladder)
+
+
 def _ceilings(meta: dict) -> str:
     c = meta.get("ceilings") or {}
     mm = ", ".join(f"{k} {v:.3g}" for k, v in (c.get("matmul_tflops") or {}).items())
@@ -262,6 +273,14 @@ def _probe(meta: dict) -> str:
             f"{p.get('noise_threshold', 0):.0%})")
 
 
+def _ranks(meta: dict) -> str:
+    """A sharded run's ranks (torchrun): where each measured, with its own ceilings."""
+    entries = meta.get("ranks") or []
+    return "; ".join(f"rank {e.get('rank')}: {e.get('host')} {e.get('device')}, "
+                     f"{(e.get('environment') or {}).get('threads')} threads, "
+                     f"{_ceilings(e)}" for e in entries) or DASH
+
+
 def environment(runs: list[Run]) -> pd.DataFrame:
     """One column per run: device, capability, versions, ceilings, probe spread, commit."""
     def field(run: Run, key: str) -> str:
@@ -275,6 +294,7 @@ def environment(runs: list[Run]) -> pd.DataFrame:
         "CPU capability": lambda r: field(r, "cpu_capability"),
         "GPU capability": lambda r: field(r, "gpu_capability"),
         "threads": lambda r: field(r, "threads"),
+        "ranks (torchrun)": lambda r: _ranks(r.meta),
         "torch": lambda r: field(r, "torch"),
         "triton": lambda r: field(r, "triton"),
         "CUDA / driver": lambda r: f"{field(r, 'cuda')} / {field(r, 'driver')}",
@@ -285,13 +305,13 @@ def environment(runs: list[Run]) -> pd.DataFrame:
         "started / ended": lambda r: f"{r.meta.get('started') or DASH} / "
                                      f"{r.meta.get('ended') or DASH}",
         "matmul ceiling": lambda r: _ceilings(r.meta),
-        "copy bandwidth": lambda r: (f"{r.meta['ceilings']['copy_gbps']:.3g} GB/s"
-                                     if (r.meta.get("ceilings") or {}).get("copy_gbps")
-                                     else DASH),
+        "copy bandwidth": lambda r: _copy_ceilings(r.meta),
         "drift probe": lambda r: _probe(r.meta),
         "records": lambda r: tables.status_counts(r.records) if not r.records.empty else "0",
     }
     table = pd.DataFrame({r.label: {k: f(r) for k, f in fields.items()} for r in runs})
+    if (table.loc["ranks (torchrun)"] == DASH).all():  # no run was sharded
+        table = table.drop(index="ranks (torchrun)")
     table.index.name = "field"
     return table
 

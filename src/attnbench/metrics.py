@@ -87,11 +87,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("tflops_dense", "TFLOP/s", HIGHER, "dense-equivalent rate: all Nq x Nk pairs "
            "counted, whatever the backend computes (a common axis for approximations)"),
     Metric("gbps", "GB/s", HIGHER, "minimum traffic (inputs read once, outputs written "
-           "once) / median time"),
+           "once) / median time", section="Bandwidth (GB/s of the minimum traffic)"),
     Metric("frac_matmul", "1", HIGHER, "tflops / the run's measured matmul rate for the "
            "dtype", section="Fraction of the measured matmul rate", percent=True),
-    Metric("frac_bandwidth", "1", HIGHER, "gbps / the run's measured copy bandwidth",
-           percent=True),
+    Metric("frac_bandwidth", "1", HIGHER, "gbps / the run's measured copy bandwidth for "
+           "as much traffic (a working set that fits a cache is held to that cache's roof)",
+           section="Fraction of the measured copy bandwidth", percent=True),
     Metric("peak_mem_bytes", "bytes", LOWER, "peak memory above what the inputs hold (GPU: "
            "max_memory_allocated; CPU: VmHWM after clear_refs)",
            section="Peak memory above inputs", sig=4, display_scale=2.0 ** -20,

@@ -16,9 +16,16 @@ from .case import Case
 from .dtypes import element_size
 from .errors import BadInput
 from .suite import Suite
+from .timing import TimingBudget
 
 MAX_PAIRS = 100_000
 SETUP_S = 0.5  # rough per-pair cost outside the timed budget (inputs, check, memory call)
+# Nominal rates for the part of a pair's cost that grows with its size (slow calls that
+# outlast the budget, the float64 reference): only ever compared with one another, to
+# balance ranks (sharding.py), so only their ratio to the budget matters.
+NOMINAL_FLOPS = {"cpu": 5e10, "cuda": 5e13}
+NOMINAL_BYTES_PER_S = {"cpu": 1e10, "cuda": 2e12}
+UNTIMED_CALLS = 4  # warm-up, checked call, reference, memory call
 
 
 def input_bytes(case: Case) -> int:
@@ -71,9 +78,25 @@ class Plan:
         return out
 
 
+def pair_budget_s(timing: TimingBudget) -> float:
+    """What any pair costs at the suite's budgets: warm-up, timed budget, setup."""
+    return timing.warmup_s + timing.budget_s + SETUP_S * timing.processes
+
+
+def pair_cost_s(case: Case, timing: TimingBudget, work_flops: float | None = None) -> float:
+    """A pair's estimated cost: the budget, plus its counted work (the backend's FLOPs) and
+    bytes at nominal rates for the calls no budget bounds (the minimum repetitions and the
+    untimed ones), which dominate for the largest cases."""
+    kind = case.device.split(":")[0]
+    per_call = ((work_flops if work_flops is not None else case.flops)
+                / NOMINAL_FLOPS.get(kind, NOMINAL_FLOPS["cpu"])
+                + case.bytes / NOMINAL_BYTES_PER_S.get(kind, NOMINAL_BYTES_PER_S["cpu"]))
+    calls = timing.processes * (timing.min_reps + UNTIMED_CALLS)
+    return pair_budget_s(timing) + calls * per_call
+
+
 def make_plan(suite: Suite, jobs: list[tuple[Case, str]], device: str) -> Plan:
-    t = suite.timing
-    per_pair = t.warmup_s + t.budget_s + SETUP_S * t.processes
+    per_pair = pair_budget_s(suite.timing)
     cases = {c.key: c for c, _ in jobs}
     largest = max(cases.values(), key=input_bytes, default=None)
     return Plan(len(jobs), len(cases), per_pair * len(jobs), largest,

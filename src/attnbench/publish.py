@@ -25,15 +25,18 @@ def published_runs(results: Path) -> list[Path]:
 
 
 def _row(run_dir: Path, reports: Path) -> dict:
-    run = runset.load([run_dir])[0]
+    runs = runset.load([run_dir])  # a merged dataset: its runs side by side
+    run = runs[0]
+    title = run.run_id if len(runs) == 1 else run_dir.name
     report_dir = reports / run_dir.name
     if (report_dir / "index.html").is_file():
-        name = Link(run.run_id, f"{run_dir.name}/index.html", f"{run_dir.name}/index.md")
+        name = Link(title, f"{run_dir.name}/index.html", f"{run_dir.name}/index.md")
     else:
-        name = [run.run_id, " (no report: ", Bold(f"attnbench report {run_dir}"), ")"]
-    headline = Report([run], report_dir).headlines()
-    return {"run": name, "device": run.device, "suite": run.suite or "-", "date": run.date,
-            "commit": run.commit, "records": tables.status_counts(run.records),
+        name = [title, " (no report: ", Bold(f"attnbench report {run_dir}"), ")"]
+    headline = Report(runs, report_dir).headlines()
+    devices = " / ".join(dict.fromkeys(r.device for r in runs))
+    return {"run": name, "device": devices, "suite": run.suite or "-", "date": run.date,
+            "commit": run.commit, "records": tables.status_counts(runset.combined(runs)),
             "headline": "; ".join(headline) or "-"}
 
 

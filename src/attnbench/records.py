@@ -16,6 +16,7 @@ from .record import IDENTITY_COLUMNS, STATUSES  # noqa: F401  (STATUSES re-expor
 RECORDS = "records.jsonl"
 META = "meta.json"
 CSV = "results.csv"
+WORKER_LOG = "worker.log"  # what backends print, and a crashed worker's last words
 
 # results.csv's column order: identity, then the declared metrics, then everything else.
 LEADING_COLUMNS = [*IDENTITY_COLUMNS, *metrics.NAMES]
@@ -61,8 +62,9 @@ class RecordWriter:
 
 
 def read_records(run_dir: str | Path) -> list[dict]:
-    """The run's records, one per (key, backend): a pair run again (``--resume --retry``)
-    supersedes its earlier record, which stays in the file as history."""
+    """The run's records, one per (key, backend) of each run id (a merged dataset holds
+    several runs): a pair run again (``--resume --retry``) supersedes its earlier record,
+    which stays in the file as history."""
     path = Path(run_dir) / RECORDS
     if not path.exists():
         return []
@@ -78,8 +80,11 @@ def read_records(run_dir: str | Path) -> list[dict]:
                 continue
             raise BadInput(f"{path}:{n}: not a JSON record; allowed: one JSON object "
                            f"per line") from None
-    latest = {(r.get("key"), r.get("backend")): i for i, r in enumerate(records)}
-    return [r for i, r in enumerate(records) if latest[(r.get("key"), r.get("backend"))] == i]
+    def pair(r: dict) -> tuple:
+        return r.get("run_id"), r.get("key"), r.get("backend")
+
+    latest = {pair(r): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if latest[pair(r)] == i]
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from . import environment, probe, records, rundir
+from . import environment, probe, rankdirs, records, rundir, sharding
 from .case import Case
+from .ceilings import copy_roof
 from .errors import BadInput
 from .pairing import job_groups
 from .record import FORMAT_VERSION, Record
 from .suite import Suite
 from .worker import InProcessExecutor, IsolatedExecutor, WorkerConfig
 
-WORKER_LOG = "worker.log"  # what backends print, and a crashed worker's last words
+WORKER_LOG = records.WORKER_LOG
 
 
 @dataclass
@@ -80,29 +83,47 @@ class OomTracker:
 
 
 def run_suite(suite: Suite, device: str, options: RunOptions) -> Path:
+    shard = sharding.Shard.from_env()  # None without torchrun: one rank, as always
     device = resolve_device(device)
+    if shard is not None:
+        device = shard.bind(device)
     jobs = suite.jobs_on(device)
     if options.run_id:  # a name is checked before anything is created
         rundir.check_name(options.run_id, "--resume" if options.resume else "--run-id")
     root = rundir.out_root(options.out)
-    if options.resume:
-        run_dir = root / options.run_id
-        if not (run_dir / records.META).exists():
-            raise BadInput(f"--resume {options.run_id}: no such run under {options.out}")
-    else:
-        run_id = options.run_id or default_run_id(suite, device)
-        run_dir = rundir.new_run_dir(root, run_id, explicit=bool(options.run_id))
-    with rundir.RunLock(run_dir):
-        return _run_locked(suite, device, options, jobs, run_dir)
+    with contextlib.ExitStack() as stack:
+        def open_run() -> Path:  # the lead's part: the only part without torchrun
+            if options.resume:
+                run_dir = root / options.run_id
+                if not (run_dir / records.META).exists():
+                    raise BadInput(f"--resume {options.run_id}: no such run under "
+                                   f"{options.out}")
+            else:
+                run_id = options.run_id or default_run_id(suite, device)
+                run_dir = rundir.new_run_dir(root, run_id, explicit=bool(options.run_id))
+            stack.enter_context(rundir.RunLock(run_dir))
+            rankdirs.fold(run_dir)  # what the ranks of a killed sharded attempt left
+            return run_dir
+
+        if shard is None:
+            return _run_locked(suite, device, options, jobs, open_run())
+        try:
+            run_dir = shard.agree(open_run, root)
+            return _run_locked(suite, device, options, jobs, run_dir, shard)
+        finally:
+            shard.close()
 
 
-def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: Path) -> Path:
+def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: Path,
+                shard: sharding.Shard | None = None) -> Path:
     threads = options.threads or (torch.get_num_threads() if device == "cpu" else None)
     run_id = run_dir.name
     done: set[tuple[str, str]] = set()
     if options.resume:
         done = {(r["key"], r["backend"]) for r in records.read_records(run_dir)
                 if r.get("status") not in options.retry}
+    # where this process writes records and its worker's log: a rank its own folder
+    where = run_dir if shard is None else rankdirs.folder(run_dir, shard.rank)
 
     if threads:
         torch.set_num_threads(threads)
@@ -114,6 +135,9 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
     env = environment.collect(device)
     env["threads"] = threads if device == "cpu" else env["threads"]
     meta = records.read_meta(run_dir) if options.resume else {}
+    if shard is not None:  # each rank measures its own device's ceilings
+        meta.pop("ceilings", None)
+        meta.pop("slow_dtypes", None)
     meta.update({
         "format_version": FORMAT_VERSION,
         "run_id": run_id,
@@ -134,50 +158,68 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
     profile_dir = str(run_dir) if options.profile else None
     if options.isolate:
         executor = IsolatedExecutor(config=WorkerConfig(
-            threads, options.max_memory_bytes, str(run_dir / WORKER_LOG), profile_dir))
+            threads, options.max_memory_bytes, str(where / WORKER_LOG), profile_dir))
     else:
         executor = InProcessExecutor(threads, WorkerConfig(threads, profile_dir=profile_dir))
     todo = [(c, b) for c, b in jobs if (c.key, b) not in done]
-    bar = tqdm(todo, desc=f"attnbench {suite.name}", unit="job", disable=not options.progress,
-               dynamic_ncols=True)  # iterated by group in run_jobs, updated per record
-    try:
-        records.write_meta(run_dir, meta)  # first: a run killed from here on can resume
+    if shard is not None:
+        todo = shard.share(todo, suite)
+
+    def save_meta():
+        if shard is None or shard.lead:
+            records.write_meta(run_dir, meta)
+        if shard is not None:
+            rankdirs.save_rank(where, shard.describe(), meta)
+
+    bar = tqdm(todo, desc=f"attnbench {suite.name}", unit="job", disable=not options.progress
+               or (shard is not None and not shard.lead), dynamic_ncols=True)
+    try:  # (bar iterated by group in run_jobs, updated per record)
+        save_meta()  # first: a run killed from here on can resume
         if options.measure_ceilings and "matmul_tflops" not in (meta.get("ceilings") or {}):
             # (again on resume when an earlier attempt lost its worker)
             dtypes = sorted({c.dtype for c, _ in jobs})
             bar.set_description_str(f"attnbench {suite.name}: measuring the device's ceilings")
             meta["ceilings"] = executor.ceilings(dtypes, device)  # in the measuring process
             bar.set_description_str(f"attnbench {suite.name}")
-        records.write_meta(run_dir, meta)
+        save_meta()
         slow = {} if options.explicit_dtypes else slow_dtypes(
             meta.get("ceilings") or {}, suite.timing.slow_dtype_factor)
         if slow:
             meta["slow_dtypes"] = slow
-            records.write_meta(run_dir, meta)
-        run_jobs(bar, executor, suite, run_dir, run_id, env, meta.get("ceilings") or {}, slow)
+            save_meta()
+        run_jobs(bar, executor, suite, where, run_id, env, meta.get("ceilings") or {}, slow)
     finally:
         executor.close()
         bar.close()
         meta["ended"] = dt.datetime.now().astimezone().isoformat()
-        rows = records.read_records(run_dir)
-        meta["probe"] = probe_summary(rows, suite.timing.noise_threshold)
-        records.write_meta(run_dir, meta)
-        if rows:
-            records.write_csv(run_dir)
+        if shard is not None:
+            save_meta()
+            if sys.exc_info()[0] is None:  # every rank done: the lead folds their files in
+                shard.barrier(run_dir)  # (a failed rank leaves them to the next start)
+                if shard.lead:
+                    rankdirs.fold(run_dir, meta)
+        if shard is None or shard.lead:
+            rows = records.read_records(run_dir)
+            meta["probe"] = probe_summary(rows, suite.timing.noise_threshold)
+            records.write_meta(run_dir, meta)
+            if rows:
+                records.write_csv(run_dir)
     return run_dir
 
 
 def slow_dtypes(ceilings: dict, factor: float) -> dict[str, str]:
-    """Dtypes whose measured matmul rate is below 1/factor of the fastest dtype's, with the
-    reason their cases are left out (a CPU without native bf16: minutes per bf16 case)."""
+    """Dtypes whose measured matmul rate is below 1/factor of float32's (of the fastest
+    dtype's when float32 was not measured), with the reason their cases are left out (a CPU
+    without native bf16: minutes per bf16 case). float32 itself is never left out: it is
+    the precision every other is judged against, even where AMX makes bf16 15x faster."""
     rates = ceilings.get("matmul_tflops") or {}
     if not factor or len(rates) < 2:
         return {}
-    best = max(rates, key=rates.get)
+    base = "float32" if "float32" in rates else max(rates, key=rates.get)
     return {d: (f"{d} matmul measured {r:.3g} TFLOP/s on this device, under 1/{factor:g} of "
-                f"{best}'s {rates[best]:.3g}: left out of this suite's run (its "
+                f"{base}'s {rates[base]:.3g}: left out of this suite's run (its "
                 f"slow_dtype_factor); pass --dtype {d} to run it anyway")
-            for d, r in rates.items() if r * factor < rates[best]}
+            for d, r in rates.items() if d != "float32" and r * factor < rates[base]}
 
 
 def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env: dict,
@@ -214,7 +256,7 @@ def finish_record(rec: Record, run_id: str, suite: str, env_cols: dict, env_id: 
     peak = ceilings.get("matmul_tflops", {}).get(rec.case.dtype)
     if rec.metrics.get("tflops") is not None and peak:
         rec.update(frac_matmul=rec.metrics["tflops"] / peak)
-    bw = ceilings.get("copy_gbps")
+    bw = copy_roof(ceilings, rec.case.bytes)
     if rec.metrics.get("gbps") is not None and bw:
         rec.update(frac_bandwidth=rec.metrics["gbps"] / bw)
     row = {"run_id": run_id, "suite": suite, "format_version": FORMAT_VERSION,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import records
+from . import merge, records
 
 
 @dataclass
@@ -56,13 +56,12 @@ def load(run_dirs: list[str | Path]) -> list[Run]:
     runs = []
     for d in run_dirs:
         path = Path(d)
-        df = records.load_results(path)
-        meta = records.read_meta(path)
-        run = Run(path, meta, df)
-        df["run_id"] = run.run_id  # one run per directory, whatever its rows say
-        if run.suite:
-            df["suite"] = run.suite
-        runs.append(run)
+        for meta, df in merge.parts(records.read_meta(path), records.load_results(path)):
+            run = Run(path, meta, df)  # a merged dataset: one Run per source run
+            df["run_id"] = run.run_id  # one run per source, whatever its rows say
+            if run.suite:
+                df["suite"] = run.suite
+            runs.append(run)
     for run, label in zip(runs, labels(runs)):
         run.label = label
     return runs

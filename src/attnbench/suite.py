@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from . import arith
 from .case import MODES, Case
 from .claims import validate_claims
 from .comparisons import Comparison, validate_comparisons
@@ -28,9 +29,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TOP_KEYS = ("name", "description", "backends", "axes", "exclude", "timing", "defaults", "sweep",
-            "claim", "comparison")
-SWEEP_KEYS = ("name", "backends", "axes", "exclude")
+TOP_KEYS = ("name", "description", "backends", "axes", "derive", "exclude", "timing", "defaults",
+            "sweep", "claim", "comparison")
+SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude", "devices")
+DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it runs on
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "processes": int, "slow_dtype_factor": float}
@@ -42,7 +44,8 @@ CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
 INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
 POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
-                 "head_dim_v", "block_size", "num_features", "memory_budget_mb"}
+                 "head_dim_v", "block_size", "num_features", "memory_budget_mb",
+                 "linformer_k"}
 SEQ_AXES = ("seq_len", "seq_q", "seq_k")
 
 
@@ -52,6 +55,12 @@ class Sweep:
     backends: list[str]
     axes: dict[str, list]
     exclude: list[dict[str, list]] = field(default_factory=list)
+    # axes computed from the others at each point (``batch = "16384 // seq_len"``)
+    derive: dict[str, arith.Expression] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()  # device types this sweep runs on; () = every device
+
+    def runs_on(self, device: str) -> bool:
+        return not self.devices or device.split(":")[0] in self.devices
 
     def cases(self) -> list[Case]:
         names = [a for a in self.axes if a not in SEQ_AXES] + [a for a in SEQ_AXES
@@ -59,6 +68,8 @@ class Sweep:
         out = []
         for values in itertools.product(*(self.axes[n] for n in names)):
             point = dict(zip(names, values))
+            for axis, expression in self.derive.items():
+                point[axis] = _derived_value(axis, expression, point)
             if any(_matches(ex, point) for ex in self.exclude if "backend" not in ex):
                 continue
             if "seq_len" in point:
@@ -73,6 +84,22 @@ class Sweep:
     def backend_excluded(self, case: Case, backend: str) -> bool:
         point = case.to_dict() | {"backend": backend, "seq_len": case.seq_q}
         return any(_matches(ex, point) for ex in self.exclude if "backend" in ex)
+
+
+def _derived_value(axis: str, expression: arith.Expression, point: dict) -> int:
+    """``expression`` at ``point``, checked like a value written in the suite."""
+    env = dict(point)
+    if "seq_len" not in env and env.get("seq_q") is not None:
+        env.setdefault("seq_len", env["seq_q"])
+    try:
+        value = expression(env)
+    except arith.ArithError as exc:
+        raise ValueError(f"derive.{axis} = {expression.text!r}: {exc}") from None
+    if axis in POSITIVE_AXES and value <= 0:
+        at = ", ".join(f"{n}={env[n]}" for n in sorted(expression.names))
+        raise ValueError(f"derive.{axis} = {expression.text!r} gives {value} at {at}; "
+                         f"{axis} must be a positive integer")
+    return value
 
 
 def _matches(rule: dict[str, list], point: dict) -> bool:
@@ -105,10 +132,17 @@ class Suite:
         return jobs
 
     def jobs_on(self, device: str) -> list[tuple[Case, str]]:
-        """The jobs with every case on ``device`` (what a run on it will execute)."""
-        for sweep in self.sweeps:
+        """The jobs with every case on ``device`` (what a run on it will execute): the sweeps
+        whose ``devices`` include its type, e.g. a bf16 sweep for GPUs beside a smaller fp32
+        one for CPUs."""
+        kept = [s for s in self.sweeps if s.runs_on(device)]
+        if not kept:
+            raise BadInput(f"{self.path}: no sweep runs on {device}; its sweeps' devices: "
+                           f"{', '.join(sorted({d for s in self.sweeps for d in s.devices}))}")
+        for sweep in kept:
             sweep.axes["device"] = [device]
-        return self.jobs()
+        return Suite(self.name, self.description, self.path, self.content_hash, self.timing,
+                     self.timeout_s, kept).jobs()
 
     @property
     def backends(self) -> list[str]:
@@ -178,7 +212,7 @@ class _Validator:
             if key in POSITIVE_AXES and v <= 0:
                 self.fail(key, v, "must be a positive integer")
             if key in ("seed", "block_band", "block_global", "block_random",
-                       "additive_dim") and v < 0:
+                       "block_stride", "additive_dim") and v < 0:
                 self.fail(key, v, "must be >= 0")
             return v
         if key == "dtype":
@@ -216,6 +250,21 @@ class _Validator:
             self.fail(key, v, "must be a string")
         return v
 
+    def derive(self, table: dict, where_of, axes: dict[str, list]
+               ) -> dict[str, arith.Expression]:
+        """Parsed expressions in the order given; each may use the axes and the axes derived
+        before it. ``where_of(axis)`` is the key path to name in errors."""
+        self.unknown_keys(table, sorted(INT_AXES - {"seq_len"}), where_of(""))
+        out = {}
+        for axis, text in table.items():
+            if axis in axes:
+                self.fail(where_of(axis), text, f"{axis} is also given in axes; give it once")
+            try:
+                out[axis] = arith.parse(text, set(axes) | {"seq_len"} | set(out))
+            except arith.ArithError as exc:
+                self.fail(where_of(axis), text, str(exc))
+        return out
+
     def axes(self, table, where: str) -> dict[str, list]:
         if not isinstance(table, dict):
             self.fail(where.rstrip("."), table, "must be a table of axis = value or [values]")
@@ -247,6 +296,12 @@ class _Validator:
             rules.append({k: (self.backends(v, f"{where}.backend") if k == "backend"
                               else self.axis_values(k, v, f"{where}.")) for k, v in rule.items()})
         return rules
+
+
+def _table(v: _Validator, raw, where: str) -> dict:
+    if not isinstance(raw, dict):
+        v.fail(where, raw, 'must be a table of axis = "expression"')
+    return raw
 
 
 def load_suite(name_or_path: str, known_backends: list[str] | None = None) -> Suite:
@@ -312,10 +367,25 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
             v.fail(f"{where}axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
                                                             "not both")
         excludes = v.excludes(s.get("exclude"), f"{where}exclude")
-        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes)
+        # top-level derive applies to every sweep that does not give the axis itself
+        top = {a: e for a, e in _table(v, data.get("derive", {}), "derive").items()
+               if a not in s.get("axes", {})}
+        own = _table(v, s.get("derive", {}), f"{where}derive")
+        derive = v.derive(top | own, lambda a, own=own, where=where: (
+            f"{where}derive.{a}" if a in own or not a else f"derive.{a}"), axes)
+        devices = s.get("devices", [])
+        devices = [devices] if isinstance(devices, str) else devices
+        if not isinstance(devices, list) or not devices and "devices" in s or any(
+                d not in DEVICE_TYPES for d in devices):
+            v.fail(f"{where}devices", s["devices"], f"must be a non-empty list of device "
+                                                    f"types; allowed: {', '.join(DEVICE_TYPES)}")
+        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes, derive,
+                      tuple(devices))
         try:
             sweep.cases()
         except ValueError as exc:
+            if str(exc).startswith("derive."):
+                raise BadInput(f"{path}: {where}{exc}") from None
             v.fail(f"{where}axes", {k: axes[k] for k in axes if k in str(exc)} or axes,
                    str(exc))
         sweeps.append(sweep)

@@ -21,13 +21,19 @@ NOT_LINES = ("device", "block_pairs")  # device: one per run; block_pairs: lists
 
 
 def line_columns(df: pd.DataFrame) -> list[str]:
-    """The columns that identify a table row (a line over N) in these records."""
+    """The columns that identify a table row (a line over N) in these records.
+
+    A column that the lengths determine (a suite's ``batch = "16384 // seq_len"``: one value
+    per N) moves along the line with N rather than starting a line per value."""
     varying = []
     candidates = ["run_id", *CASE_COLUMNS]
+    sizes = [c for c in SIZE_COLUMNS if c in df.columns]
     for c in candidates:
         if c in ALWAYS or c in SIZE_COLUMNS or c in NOT_LINES or c not in df.columns:
             continue
-        if df[c].astype(str).nunique(dropna=False) > 1:
+        values = df[c].astype(str)
+        if values.nunique(dropna=False) > 1 and not (
+                sizes and values.groupby([df[s] for s in sizes]).nunique().max() == 1):
             varying.append(c)
     return varying + [c for c in ALWAYS if c in df.columns]
 

@@ -22,7 +22,7 @@ import torch
 from .case import Case
 from .ceilings import measure_ceilings
 from .execute import CaseCache, execute_group, merge_repeats
-from .memory import configure_allocator
+from .memory import configure_allocator, settle_garbage
 from .probe import DriftProbe
 from .record import Record
 from .timing import TimingBudget
@@ -126,6 +126,7 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
 
         records = execute_group(jobs, budget, cache, probes.for_jobs(jobs), progress=progress,
                                 repeat=repeat, profile_dir=profile_dir)
+        settle_garbage()
         state.restore()
         for rec in records:
             rec.update(worker_pid=os.getpid())
@@ -152,6 +153,7 @@ class InProcessExecutor:
                               profile_dir=self.profile_dir)
         repeats = [execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
                                  repeat=True) for _ in range(budget.processes - 1)]
+        settle_garbage()
         return merge_repeats(first, repeats, budget)
 
     def ceilings(self, dtypes: list[str], device: str) -> dict:

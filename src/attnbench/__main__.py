@@ -1,0 +1,8 @@
+"""``python -m attnbench``: the command line, as torchrun starts it (``torchrun ... -m
+attnbench run ...``)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,132 @@
+"""``attnbench recommend``: choice, margin and the 'no near shape' path on a synthetic run
+whose records are written through the record/records API."""
+
+import pytest
+
+from attnbench import stats
+from attnbench.case import Case
+from attnbench.cli import main
+from attnbench.errors import BadInput
+from attnbench.recommend import parse_shape, recommend
+from attnbench.record import Record
+from attnbench.records import RecordWriter, load_results, write_meta
+from attnbench.suite import load_suite
+
+STEPS = [1.0, 1.3, 0.9, 1.6, 1.1, 1.0, 1.4, 0.95]  # the machine drifting, round by round
+
+
+def _case(n: int) -> Case:
+    return Case(batch=1, heads_q=4, heads_kv=1, seq_q=n, seq_k=n, head_dim=128,
+                head_dim_v=128, dtype="float32", device="cpu", mask="causal", mode="fwd")
+
+
+def _ok(case, backend, base_ms, factors, semantics="exact", group="g"):
+    samples = [base_ms * s * f for s, f in zip(STEPS, factors)]
+    iv = stats.median_interval(samples)
+    return Record.new(case, backend, "ok", time_ms_median=iv.estimate, time_ms_ci_low=iv.low,
+                      time_ms_ci_high=iv.high, samples_ms=samples, pair_group=group,
+                      semantics=semantics)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """One run: at N = 2048 sdpa beats naive by ~2x (paired rounds), linear (approximate) is
+    faster still, sdpa_math is wrong, flex unsupported; at N = 8192 naive wins."""
+    small, big = _case(2048), _case(8192)
+    jitter = [1.0, 1.02, 0.99, 1.01, 1.0, 0.98, 1.03, 1.0]
+    recs = [
+        _ok(small, "sdpa", 10.0, [1.0] * 8, group="g1"),
+        _ok(small, "naive", 20.0, jitter, group="g1"),
+        _ok(small, "linear", 2.0, [1.0] * 8, semantics="approximate", group="g1"),
+        Record.new(small, "sdpa_math", "wrong", "err_impl_out_rel 3e-2 above the float32 "
+                                                "tolerance 1e-4"),
+        Record.new(small, "flex", "unsupported", "mode fwd_bwd: no backward on cpu"),
+        _ok(big, "sdpa", 90.0, [1.0] * 8, group="g2"),
+        _ok(big, "naive", 60.0, [1.0] * 8, group="g2"),
+    ]
+    d = tmp_path / "results" / "synthetic-cpu"
+    with RecordWriter(d) as w:
+        for i, r in enumerate(recs):
+            w.write(r.to_row() | {"run_id": d.name, "recorded_at": f"2026-12-01T00:00:{i:02d}"})
+    write_meta(d, {"run_id": d.name, "suite": "synthetic"})
+    return d
+
+
+def test_choice_and_margin_at_the_nearest_length(run_dir):
+    df = load_results(run_dir)
+    answer = recommend(parse_shape("b=1,hq=32,hkv=8,n=3000,d=128,mask=causal"), df)
+    (pick,) = answer.picks
+    assert pick.device == "cpu" and pick.problem["seq_q"] == 2048  # 0.55 octave, not 1.45
+    assert [r["backend"] for r in pick.ranked] == ["sdpa", "naive"]  # linear is not exact
+    # naive over sdpa from the per-round ratios: drift shared by a round cancels
+    expected = stats.paired_ratio_interval(pick.ranked[1]["samples_ms"],
+                                           pick.ranked[0]["samples_ms"])
+    assert pick.margin.interval == expected
+    assert pick.margin.interval.estimate == pytest.approx(2.0, rel=0.03)
+    assert pick.margin.significant and pick.margin.is_paired
+    assert {r["backend"]: r["status"] for r in pick.not_ok} == {"sdpa_math": "wrong",
+                                                                 "flex": "unsupported"}
+    assert pick.inexact == ["linear (approximate)"]
+    # closer to 8192: naive wins there
+    far = recommend(parse_shape("hq=4,hkv=1,n=6000,d=128,mask=causal"), df).picks[0]
+    assert far.problem["seq_q"] == 8192 and far.ranked[0]["backend"] == "naive"
+    assert far.margin.interval.estimate == pytest.approx(1.5)
+
+
+def test_cli_prints_winner_margin_and_reasons(run_dir, capsys):
+    assert main(["recommend", "--shape", "b=1,hq=32,hkv=8,n=2048,d=128,mask=causal",
+                 str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "fastest within tolerance: sdpa" in out
+    assert "margin over the runner-up naive" in out and "significant: yes (paired rounds)" in out
+    assert "sdpa_math: failed its error tolerance: err_impl_out_rel" in out
+    assert "flex: unsupported: mode fwd_bwd: no backward on cpu" in out
+    assert "b=1,hq=4,hkv=1,n=2048,d=128" in out  # the measured problem, not the asked one
+
+
+@pytest.mark.parametrize("shape,far", [
+    ("b=1,hq=32,hkv=8,n=8192,d=128,dtype=bfloat16,mask=causal", None),  # another dtype
+    ("hq=4,hkv=4,n=2048,d=128,mask=causal", None),  # another GQA group
+    ("hq=4,hkv=1,n=65536,d=128,mask=causal", "b=1,hq=4,hkv=1,n=8192,d=128"),  # 3 octaves
+    ("hq=4,hkv=1,n=2048,d=128,mask=causal,device=cuda", None),  # measured on cpu only
+])
+def test_no_near_shape_prints_the_run_that_would_measure_it(run_dir, capsys, tmp_path, shape,
+                                                           far):
+    assert main(["recommend", "--shape", shape, str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "holds a near shape" in out and "fastest" not in out
+    assert (f"nearest comparable: {far}" in out) == (far is not None)
+    suite_text = out.split("<<'EOF'\n")[1].split("\nEOF\n")[0]
+    command = out.split("\nEOF\n")[1].strip()
+    assert command.startswith("attnbench run --suite shape.toml")
+    assert command.endswith("--device cuda") == ("device=cuda" in shape)
+    path = tmp_path / "shape.toml"
+    path.write_text(suite_text)
+    (case,) = {c for c, _ in load_suite(str(path)).jobs()}
+    assert case.key == parse_shape(shape).case.key
+
+
+@pytest.mark.parametrize("shape,message", [
+    ("hq=32,n=8192", "d is required"),
+    ("hq=32,d=128", "n (or nk) is required"),
+    ("hq=32,d=128,n=0", "n=0 must be a positive integer"),
+    ("hq=32,d=128,n=many", "n='many' must be a positive integer"),
+    ("hq=32,hkv=5,d=128,n=64", "heads_q (32) must be a multiple of heads_kv (5)"),
+    ("hq=32,d=128,n=64,dtype=fp8", "unknown dtype 'fp8'"),
+    ("hq=32,d=128,n=64,mask=diagonal", "unknown mask 'diagonal'"),
+    ("hq=32,d=128,n=64,heads=3", "unknown key 'heads'; allowed: b, hq, hkv"),
+    ("hq=32,d=128,n=64,nk=128", "give n or nq/nk, not both"),
+    ("hq=32,d=128,n=64,device=tpu", "device='tpu'; allowed: cpu, cuda"),
+    ("hq=32,d,n=8", "'d' is not key=value"),
+])
+def test_bad_shape_is_one_line_and_exit_2(run_dir, capsys, shape, message):
+    with pytest.raises(BadInput):
+        parse_shape(shape)
+    assert main(["recommend", "--shape", shape, str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_window_mask_with_its_comma_parses():
+    case = parse_shape("hq=32,hkv=8,nq=1,nk=8192,d=128,mask=window(4095,0)").case
+    assert (case.mask, case.seq_q, case.seq_k) == ("window(4095,0)", 1, 8192)
