@@ -1,10 +1,11 @@
 """Profiles of measured pairs: where a record's time goes, per operator and per kernel.
 
 After a pair has been timed (and its memory measured), ``profile_pair`` calls its closure
-once more to warm up, then runs it under ``torch.profiler`` (CPU activity, and CUDA on a GPU;
-shapes, memory and FLOP counts recorded) for ``profiled_calls`` calls: one, or a few when a
-call is short (``PROFILE_S`` in all, at most ``MAX_CALLS``), so that one call disturbed by
-the machine does not make the table. The table gives times per call (averaged over them).
+once more to warm up, then runs it under ``torch.profiler`` (CPU activity, and CUDA on a GPU)
+for ``profiled_calls`` calls: one, or a few when a call is short (``PROFILE_S`` in all, at
+most ``MAX_CALLS``), so that one call disturbed by the machine does not make the table. The
+table gives times per call (averaged over them) from a bare session; the same calls are run
+again with shapes, memory and FLOP counts recorded for the trace and the FLOP columns.
 None of this is timed: the record's timing columns come from the samples taken before, and
 profiling only adds the ``profile_*`` columns (record.py).
 
@@ -96,7 +97,8 @@ def _file_stem(case_key: str) -> str:
 
 def kernel_table(events, device: str, median_ms: float, work_flops: float | None = None,
                  min_bytes: float | None = None, n_calls: int = 1,
-                 region: str | None = None) -> list[KernelRow]:
+                 region: str | None = None,
+                 flops: dict[str, float] | None = None) -> list[KernelRow]:
     """Rows of a profile's key averages over ``n_calls`` calls, per call, largest self time
     first.
 
@@ -104,9 +106,10 @@ def kernel_table(events, device: str, median_ms: float, work_flops: float | None
     so the self times add up to the profiled call. CUDA: every kernel with device time, so
     they add up to the busy time of the GPU. The profiled region's (``region``) own self time
     is listed as ``OUTSIDE_OPERATORS`` (Python, allocation, waiting). FLOP/s comes from the
-    profiler's FLOP counts (matmuls) where it has them; a kernel holding ``DOMINANT_SHARE``
-    of the device time gets the case's work and minimum traffic (FLOP/s and bytes/s of the
-    attention kernel)."""
+    profiler's FLOP counts (matmuls) where it has them (``flops``: per operator, over the
+    ``n_calls`` calls of another session; else the events' own counts); a kernel holding
+    ``DOMINANT_SHARE`` of the device time gets the case's work and minimum traffic (FLOP/s
+    and bytes/s of the attention kernel)."""
     rows = []
     for evt in events:
         if device == "cuda":
@@ -125,10 +128,10 @@ def kernel_table(events, device: str, median_ms: float, work_flops: float | None
         name = OUTSIDE_OPERATORS if evt.key == region else evt.key
         row = KernelRow(name, device, round(evt.count / n_calls, 3), total_us / 1e3 / n_calls,
                         self_ms, self_ms / median_ms if median_ms else float("nan"))
-        flops = getattr(evt, "flops", 0) or 0
-        if flops > 0:
-            row.flops, row.source = float(flops) / n_calls, "profiler FLOP count"
-            row.tflops = flops / (self_us * 1e-6) / 1e12
+        counted = (flops or {}).get(evt.key) or getattr(evt, "flops", 0) or 0
+        if counted > 0:
+            row.flops, row.source = float(counted) / n_calls, "profiler FLOP count"
+            row.tflops = counted / (self_us * 1e-6) / 1e12
         rows.append(row)
     rows.sort(key=lambda r: r.self_ms, reverse=True)
     busy = sum(r.self_ms for r in rows)
@@ -186,23 +189,35 @@ def profile_pair(fn: Callable[[], object], case, backend: str, median_ms: float,
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
     n_calls = profiled_calls(median_ms)
+    region = range_name(case.key, backend)
+
+    def profiled(**detail):
+        with profile(activities=activities, **detail) as prof:
+            for _ in range(n_calls):
+                with record_function(region):
+                    fn()
+                    sync()
+        return prof
+
     fn()  # warm: the memory measurement before may have handed pages back to the system
     sync()
-    with profile(activities=activities, record_shapes=True, profile_memory=True,
-                 with_flops=True, with_stack=cuda) as prof:  # the memory timeline needs stacks
-        for _ in range(n_calls):
-            with record_function(range_name(case.key, backend)):
-                fn()
-                sync()
+    # Two sessions: the kernel table's times come from a bare one, because recording shapes,
+    # memory and FLOPs costs microseconds per operator on CPU, and a backend of many small
+    # operators (sliding_window's chunks) read 131% of its median under the full session.
+    # The trace, the FLOP counts and the memory timeline come from the full one.
+    bare = profiled()
+    full = profiled(record_shapes=True, profile_memory=True, with_flops=True,
+                    with_stack=cuda)  # the memory timeline needs stacks
     trace = stem.with_name(stem.name + ".trace.json.gz")
-    prof.export_chrome_trace(str(trace))  # torch gzips a path ending in .gz
+    full.export_chrome_trace(str(trace))  # torch gzips a path ending in .gz
     device = "cuda" if cuda else "cpu"
-    events = prof.key_averages()
+    events = bare.key_averages()
+    flops = {e.key: e.flops for e in full.key_averages() if getattr(e, "flops", 0)}
     rows = kernel_table(events, device, median_ms, work_flops, case.bytes, n_calls,
-                        region=range_name(case.key, backend))
+                        region=region, flops=flops)
     table = stem.with_name(stem.name + ".kernels.csv")
     write_table(rows, table)
-    root = [e for e in events if e.key == range_name(case.key, backend)]
+    root = [e for e in events if e.key == region]
     cols = {
         "profile_trace": str(trace.relative_to(run_dir)),
         "profile_kernels": str(table.relative_to(run_dir)),
@@ -218,7 +233,7 @@ def profile_pair(fn: Callable[[], object], case, backend: str, median_ms: float,
         memory = stem.with_name(stem.name + ".memory.json.gz")
         try:
             index = dev.index if dev.index is not None else torch.cuda.current_device()
-            prof.export_memory_timeline(str(memory), device=f"cuda:{index}")
+            full.export_memory_timeline(str(memory), device=f"cuda:{index}")
             cols["profile_memory"] = str(memory.relative_to(run_dir))
         except Exception as exc:  # the timeline is a bonus: its failure costs only itself
             cols["profile_memory_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
