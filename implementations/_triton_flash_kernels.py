@@ -755,6 +755,14 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "tf32"  # ignored for 16-bit inputs: bf16/fp16 products, fp32 accumulation
 
 
+def launch_constants(d: int, dv: int, plan: Plan, cfg: Config, dtype: torch.dtype) -> dict:
+    """The compile-time arguments of the fwd, dkdv and dq kernels (one definition, used by
+    the launchers and by the compile for sm_90 in _triton_flash_meta)."""
+    return dict(HEAD_D=d, HEAD_DV=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                BLOCK_D=head_block(d), BLOCK_DV=head_block(dv), HAS_LEFT=plan.has_left,
+                HAS_RIGHT=plan.has_right, DOT_PREC=_dot_precision(dtype))
+
+
 def _check(q, k, v):
     B, H, Nq, D = q.shape
     Bk, Hk, Nk, Dk = k.shape
@@ -777,9 +785,7 @@ def forward(q, k, v, plan: Plan, cfg: Config | None = None):
     _fwd_kernel[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, H // Hk, Nq, Nk, plan.left, plan.right, plan.scale * LOG2E,
-        HEAD_D=D, HEAD_DV=Dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_D=head_block(D), BLOCK_DV=head_block(Dv), HAS_LEFT=plan.has_left,
-        HAS_RIGHT=plan.has_right, DOT_PREC=_dot_precision(q.dtype),
+        **launch_constants(D, Dv, plan, cfg, q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse
 
@@ -802,9 +808,7 @@ def _launch_dkdv(q, k, v, do, dk, dv, lse, delta, plan: Plan, cfg: Config):
         q, k, v, do, dk, dv, lse, delta, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk.stride(), *dv.stride(), H, Hk, H // Hk, Nq, Nk, plan.left, plan.right,
         plan.scale * LOG2E, plan.scale,
-        HEAD_D=D, HEAD_DV=Dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_D=head_block(D), BLOCK_DV=head_block(Dv), HAS_LEFT=plan.has_left,
-        HAS_RIGHT=plan.has_right, DOT_PREC=_dot_precision(q.dtype),
+        **launch_constants(D, Dv, plan, cfg, q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -815,9 +819,7 @@ def _launch_dq(q, k, v, do, dq, lse, delta, plan: Plan, cfg: Config):
     _bwd_dq_kernel[grid](
         q, k, v, do, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dq.stride(), H, H // Hk, Nq, Nk, plan.left, plan.right, plan.scale * LOG2E, plan.scale,
-        HEAD_D=D, HEAD_DV=Dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_D=head_block(D), BLOCK_DV=head_block(Dv), HAS_LEFT=plan.has_left,
-        HAS_RIGHT=plan.has_right, DOT_PREC=_dot_precision(q.dtype),
+        **launch_constants(D, Dv, plan, cfg, q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -852,6 +854,13 @@ class FlashAttention(torch.autograd.Function):
 def attention(q, k, v, plan: Plan):
     """Attention (B, Hq, Nq, Dv) of q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv)."""
     return FlashAttention.apply(q, k, v, plan)
+
+
+# The kernels a call launches by name (the delta pre-pass, a row sum, is left out), and which
+# of their pointer arguments point at fp32 (the rest hold the inputs' dtype).
+KERNELS = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv_kernel, "dq": _bwd_dq_kernel}
+POINTERS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+FP32_POINTERS = ("LSE", "DELTA")
 
 
 def timed_tune(q, k, v, grad_out, plan: Plan, log=None) -> tuple[dict[str, Config], float]:

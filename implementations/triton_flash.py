@@ -39,6 +39,11 @@ def _kernels_module_name() -> str:
     return f"{pkg}._triton_flash_kernels" if pkg else "_triton_flash_kernels"
 
 
+def meta():
+    """Launch configurations and compiled-kernel metadata for records (_triton_flash_meta)."""
+    return importlib.import_module(_kernels_module_name().replace("_kernels", "_meta"))
+
+
 def kernels():
     """The kernel module, imported on first use (after TRITON_INTERPRET is known)."""
     return importlib.import_module(_kernels_module_name())
@@ -131,8 +136,15 @@ class TritonFlash(Backend):
             return K.attention(q, k, v, plan)  # (B, Hq, Nq, Dv)
 
         prepared = wrap_mode(triton_flash, case, inputs)
+        M = meta()
+        compiled = lambda: M.compiled_columns(K, names, q, k, v, plan)  # noqa: E731
         prepared.extras = {"kernel": f"triton_flash[{plan.kind}] {configs} ({mode})",
-                           "compile_s": round(tune_s, 3)}
+                           "compile_s": round(tune_s, 3),
+                           **M.config_columns(K, names, q, k, v, plan),
+                           # the GPU binary is read after the first call; the compile for
+                           # sm_90 under the interpreter costs seconds: only when profiled
+                           ("columns_when_profiled" if K.INTERPRET
+                            else "columns_after_check"): compiled}
         return prepared
 
 

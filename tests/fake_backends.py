@@ -253,6 +253,40 @@ class Jitters(Fake):
         return lambda q, k, v: exact(q, k, v) + 1e-6 * torch.randn(q.shape[:-1] + v.shape[-1:])
 
 
+class Sleeps(Fake):
+    """Exact attention plus a sleep of FAKE_SLEEP_MS milliseconds (default 0): a planted
+    slowdown for regression gates (pytest-benchmark's --benchmark-compare-fail)."""
+
+    name = "fake_sleep"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+        pause = float(os.environ.get("FAKE_SLEEP_MS", "0")) * 1e-3
+
+        def f(q, k, v):
+            if pause:
+                time.sleep(pause)
+            return exact(q, k, v)
+
+        return f
+
+
+class Logged(Fake):
+    """Exact attention that logs, per call, whether torch's profiler was on (CALLS)."""
+
+    name = "fake_logged"
+    CALLS: list[bool] = []
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+
+        def f(q, k, v):
+            Logged.CALLS.append(torch.autograd.profiler._is_profiler_enabled)
+            return exact(q, k, v)
+
+        return f
+
+
 class KillsItsRank(Fake):
     """Exact attention, except in the torchrun rank named by FAKE_KILL_RANK: there the
     process SIGKILLs itself when it sets up its second case (with --no-isolate that is the
@@ -270,6 +304,6 @@ class KillsItsRank(Fake):
         return _exact(case)
 
 
-BACKENDS = [KillsItsRank(), LosesContext(), Jitters(), OomAbove(), Raises(), Crashes(),
-            Hangs(), Nan(), SlightlyWrong(), Missing(), Refuses(), DriftingSlow(),
+BACKENDS = [Sleeps(), Logged(), KillsItsRank(), LosesContext(), Jitters(), OomAbove(), Raises(),
+            Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(), Refuses(), DriftingSlow(),
             DriftingFast(), Aborts(), WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog()]

@@ -356,6 +356,36 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     assert proc.stdout.count("\n") == 3
 
 
+@pytest.mark.skipif(not ON_GPU and not _nvidia_backend_present(),
+                    reason="Triton's NVIDIA backend is missing")
+def test_records_carry_config_and_compiled_metadata(tmp_path):
+    """triton_config always; triton_compiled from the GPU binary, or, under the interpreter,
+    from a compile for sm_90 when the record is profiled (it costs a process)."""
+    from attnbench.execute import CaseCache, execute_group
+    from attnbench.timing import TimingBudget
+
+    case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=16, seq_k=16, head_dim=16,
+                head_dim_v=16, dtype="bfloat16", device=DEVICE, mask="causal")
+    rec = execute_group([(case, "triton_flash")], TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache(),
+                        profile_dir=str(tmp_path))[0]
+    assert rec.status == "ok", rec.reason
+    K = kernels()
+    inputs = case.make_inputs()
+    ran = K.config_for("fwd", inputs.q, inputs.k, inputs.v,
+                       K.make_plan(case.softmax_scale, (math.inf, 0)))
+    assert rec.info["triton_config"] == {"fwd": {"block_m": ran.block_m, "block_n": ran.block_n,
+                                                 "num_warps": ran.num_warps,
+                                                 "num_stages": ran.num_stages}}
+    source = rec.info["triton_compiled_source"]
+    assert source.startswith("gpu binary" if ON_GPU else "sm_90 compile without a GPU"), source
+    fwd = rec.info["triton_compiled"]["fwd"]
+    assert 0 < fwd["registers"] <= 255 and fwd["spill_bytes"] >= 0
+    assert 0 < fwd["shared_bytes"] <= 227 * 1024
+    if not ON_GPU:  # what was compiled: a GPU's untuned configuration, not the interpreter's
+        assert fwd["config"] == str(K.candidate_configs("fwd", 16, 16, 2)[0])
+    assert "profile_trace" in rec.info
+
+
 def test_reference_mask_convention_matches_kernel_plan():
     K = kernels()
     assert K.make_plan(1.0, MaskSpec.parse("causal").window).kind == "causal"

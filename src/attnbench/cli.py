@@ -1,4 +1,5 @@
-"""Command line: ``attnbench run | list | env | report | publish | recommend | compare | merge``.
+"""Command line: ``attnbench run | profile | list | env | report | publish | recommend |
+compare | merge``.
 
 Exit codes: 0 done; 1 the run finished but a requested gate failed (``--strict``, ``compare
 --fail-on-regression``);
@@ -14,27 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from .choose import csv_list as _csv
 from .errors import BadInput, PeerLost
 
 GATE_STATUSES = ("wrong", "error", "crashed", "timeout")
-
-
-def _csv(text: str | None) -> list[str] | None:
-    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ints(option: str, text: str | None) -> list[int] | None:
-    items = _csv(text)
-    if items is None:
-        return None
-    try:
-        values = [int(x) for x in items]
-    except ValueError:
-        raise BadInput(f"{option} {text!r}: give comma-separated positive integers, "
-                       f"e.g. 512,1024") from None
-    if not values or min(values) <= 0:
-        raise BadInput(f"{option} {text!r}: sequence lengths must be positive integers")
-    return values
 
 
 # The run options a --resume takes from the run itself (meta.json's "invocation").
@@ -98,12 +82,11 @@ def _replay(args) -> dict:
 
 def cmd_run(args) -> int:
     from . import metrics, records, tables
+    from .choose import select
     from .plan import check_plan, make_plan
-    from .registry import all_backends
     from .report import build_report
-    from .runner import RunOptions, resolve_device, run_suite
+    from .runner import RunOptions, run_suite
     from .sharding import is_lead
-    from .suite import load_suite, override_axes
 
     if args.threads is not None and args.threads <= 0:
         raise BadInput(f"--threads {args.threads}: allowed: a positive integer")
@@ -118,34 +101,26 @@ def cmd_run(args) -> int:
         raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
                        f"one of them (--resume names the run)")
     inv = _replay(args) if args.resume else _invocation(args)
-    known = sorted(all_backends())
-    backends = _csv(inv["backends"])
-    if backends is not None and not backends:
-        raise BadInput("--backends '': allowed: comma-separated backend names, e.g. sdpa,naive")
-    for b in backends or []:
-        if b not in known:
-            raise BadInput(f"--backends: unknown backend {b!r}; allowed: {', '.join(known)}")
-    dtypes = _csv(inv["dtype"])
-    if dtypes is not None and not dtypes:
-        raise BadInput("--dtype '': allowed: comma-separated dtypes, e.g. float32,bfloat16")
-    device = resolve_device(inv["device"])
-    suite = load_suite(inv["suite"], known)
-    override_axes(suite, backends=backends, dtype=dtypes,
-                  seq_len=_ints("--seq-len", inv["seq_len"]))
+    suite, device, jobs = select(inv["suite"], inv["backends"], inv["dtype"], inv["seq_len"],
+                                 inv["device"])
     if inv.get("check_determinism"):
         suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
-    plan = make_plan(suite, suite.jobs_on(device), device)
+    plan = make_plan(suite, jobs, device)
     if args.dry_run:
         print(f"plan: {plan.summary()}")
         for problem in plan.problems():
             print(f"plan: would be refused without --force: {problem}")
         return 0
     check_plan(plan, args.force)
+    if args.profile:
+        from .profile_cmd import check_pairs
+        check_pairs(plan.pairs, args.force)
     options = RunOptions(out=Path(args.out), run_id=args.run_id or args.resume,
                          resume=bool(args.resume), isolate=inv["isolate"],
                          threads=inv["threads"], progress=not args.no_progress, retry=retry,
                          invocation=inv, max_memory_bytes=_size("--max-memory", inv.get(
-                             "max_memory")), explicit_dtypes=dtypes is not None)
+                             "max_memory")), explicit_dtypes=inv["dtype"] is not None,
+                         profile=args.profile)
     if options.max_memory_bytes and not options.isolate:
         raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
     run_dir = run_suite(suite, device, options)
@@ -159,6 +134,9 @@ def cmd_run(args) -> int:
     print(tables.to_text(tables.pivot(df)))
     print(f"\n{tables.status_counts(df)}")
     print(f"results: {run_dir}")
+    if args.profile:
+        from .profile_cmd import summary_lines
+        print("\n".join(summary_lines(records.read_records(run_dir), run_dir, inv)))
     if not args.no_report:
         reports = Path(args.reports) if args.reports else run_dir.parent.parent / "reports"
         report_dir = build_report([run_dir], reports / run_dir.name)
@@ -346,7 +324,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a plan over the limits (100,000 pairs, inputs beyond memory)")
     r.add_argument("--strict", action="store_true",
                    help="exit 1 if any record is wrong, error, crashed or timeout")
+    r.add_argument("--profile", action="store_true",
+                   help="after measuring each pair, profile one more untimed call: trace, "
+                        "kernel table (see attnbench profile)")
     r.set_defaults(func=cmd_run)
+
+    pr = sub.add_parser("profile", help="run and profile pairs selected as run selects them: "
+                                        "Perfetto trace, kernel table, nsys/ncu lines")
+    for flag in ("--suite", "--backends", "--device", "--dtype", "--seq-len", "--run-id",
+                 "--reports", "--threads"):
+        pr.add_argument(flag, type=int if flag == "--threads" else None,
+                        help=f"as in attnbench run {flag}")
+    pr.add_argument("--out", default="results", help="results root (default: results)")
+    for flag in ("--no-report", "--no-isolate", "--no-progress", "--force"):
+        pr.add_argument(flag, action="store_true", help=f"as in attnbench run {flag}")
+    pr.set_defaults(func=cmd_run, profile=True, resume=None, retry=None, max_memory=None,
+                    check_determinism=False, dry_run=False, strict=False)
 
     ls = sub.add_parser("list", help="list backends with availability and reasons")
     ls.add_argument("--json", action="store_true")

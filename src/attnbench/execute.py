@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import accuracy, probe
+from . import accuracy, probe, profiling
 from .backend import DIFFERENT, EXACT, Backend, Prepared
 from .case import Case, Inputs
 from .case_cache import CaseCache
 from .errors import NotSupported
 from .memory import peak_memory_bytes
-from .record import Record
+from .record import OPTIONAL_COLUMNS, Record
 from .registry import get_backend
 from .timing import Timing, TimingBudget, measure_interleaved
 
@@ -103,10 +103,22 @@ def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
             prepared.fn()  # the first call (lazy initialisation) stays out of timing
     except Exception as exc:  # classify, record, and let the sweep go on
         return failure(record, exc)
-    for key in ("kernel", "compile_s"):
+    for key in ("kernel", "compile_s", *OPTIONAL_COLUMNS):
         if key in prepared.extras:
             record.update(**{key: prepared.extras[key]})
+    if "columns_after_check" in prepared.extras:  # what a backend can say once it has run
+        try:
+            record.update(**prepared.extras["columns_after_check"]())
+        except Exception as exc:  # information only: its failure costs only itself
+            record.update(columns_error=one_line(exc))
     return Candidate(record, backend, prepared, inputs)
+
+
+def open_job(case: Case, backend_name: str, cache: CaseCache) -> Record | Candidate:
+    """Availability, support, setup and the checked call of one pair, as a run does them:
+    a final record (not ok, with its reason) or a candidate ready to time (whose record may
+    say ``wrong``). The pytest-benchmark plugin (benchmarks/) times candidates its own way."""
+    return _open(case, backend_name, cache)
 
 
 def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
@@ -202,13 +214,34 @@ def group_id(jobs: list[tuple[Case, str]]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
+def _timed_fn(cand: Candidate):
+    """The closure the timer calls: inside an NVTX range named by the pair on a GPU."""
+    rec = cand.record
+    return profiling.nvtx_wrapped(cand.prepared.fn, profiling.range_name(rec.key, rec.backend),
+                                  rec.case.device)
+
+
+def _profile(cand: Candidate, run_dir: str) -> None:
+    """After measuring: one more, untimed, call under the profiler (profiling.py)."""
+    rec = cand.record
+    try:
+        if "columns_when_profiled" in cand.prepared.extras:  # worth their cost only here
+            rec.update(**cand.prepared.extras["columns_when_profiled"]())
+        rec.update(**profiling.profile_pair(cand.prepared.fn, rec.case, rec.backend,
+                                            rec.metrics["time_ms_median"],
+                                            rec.metrics.get("work_flops"), run_dir))
+    except Exception as exc:  # a failed profile costs the profile, never the measurement
+        rec.update(profile_error=one_line(exc))
+
+
 def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: CaseCache,
                   drift: probe.DriftProbe | None = None, progress=lambda: None,
-                  repeat: bool = False) -> list[Record]:
+                  repeat: bool = False, profile_dir: str | None = None) -> list[Record]:
     """Records for jobs timed together; sample i of every ok record comes from round i.
     ``progress()`` is called after each job's setup and after timing (a heartbeat: the
     isolated worker's parent restarts its per-job timeout on each). ``repeat``: timing only
-    (no float64 check, no memory), for pooling with the first process's records."""
+    (no float64 check, no memory), for pooling with the first process's records.
+    ``profile_dir`` (the run directory): each ok record is profiled after all measuring."""
     cache.keep_only([c for c, _ in jobs])
     opened = []
     for case, backend in jobs:
@@ -219,7 +252,7 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
     if timed:
         device = timed[0].record.case.device
         try:
-            timings = measure_interleaved([c.prepared.fn for c in timed], device, budget,
+            timings = measure_interleaved([_timed_fn(c) for c in timed], device, budget,
                                           probe=drift, warm=True)
         except Exception as exc:  # a closure failed mid-rounds: time each on its own
             if len(timed) == 1:
@@ -245,6 +278,10 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
                                                                         device))
                 except Exception as exc:
                     failure(cand.record, exc)
+        for cand in [] if repeat or not profile_dir else timed:
+            if cand.record.status == "ok":
+                _profile(cand, profile_dir)
+                progress()
     if jobs and torch.device(jobs[0][0].device).type == "cuda":
         torch.cuda.empty_cache()
     return [c.record if isinstance(c, Candidate) else c for c in opened]
@@ -252,7 +289,7 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
 
 def _time_alone(cand: Candidate, budget: TimingBudget, drift) -> dict:
     try:
-        timing = measure_interleaved([cand.prepared.fn], cand.record.case.device, budget,
+        timing = measure_interleaved([_timed_fn(cand)], cand.record.case.device, budget,
                                      probe=drift, warm=True)[0]
     except Exception as exc:
         failure(cand.record, exc)

@@ -26,6 +26,26 @@ STATUSES = ("ok", "unavailable", "unsupported", "oom", "skipped", "error", "cras
 CASE_COLUMNS = tuple(f.name for f in dataclasses.fields(Case))
 # Identity and run columns at the front of every row, before the declared metrics.
 IDENTITY_COLUMNS = ("run_id", "key", "backend", "status", "reason", "noisy", *CASE_COLUMNS)
+# Optional information columns (not metrics), with what they hold. Absent when not produced.
+OPTIONAL_COLUMNS = {
+    "profile_trace": "Chrome/Perfetto trace (.json.gz) of one untimed profiled call, relative "
+                     "to the run directory (run --profile, attnbench profile)",
+    "profile_kernels": "kernel table (CSV: name, calls, total and self ms, share of the "
+                       "median, FLOP/s and GB/s where derivable), relative to the run directory",
+    "profile_memory": "GPU memory timeline (.json.gz) of the profiled call",
+    "profile_device": "cpu: the table lists ATen operators; cuda: GPU kernels",
+    "profile_calls": "calls profiled (one, or a few when a call is short); the table is per call",
+    "profile_total_ms": "sum of the kernel table's self times per call (compare with "
+                        "time_ms_median)",
+    "profile_wall_ms": "wall time of a profiled call (profiler overhead included)",
+    "profile_top": "the kernel table's largest rows (name, calls, self_ms, share, tflops, gbps)",
+    "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "
+                     "num_warps, num_stages) that ran",
+    "triton_compiled": "triton_flash: compiled kernel metadata per kernel (registers, spill "
+                       "bytes, shared memory bytes) and the configuration compiled",
+    "triton_compiled_source": "where triton_compiled comes from: the binary that ran on the "
+                              "GPU, or a compile for sm_90 without a GPU (interpreter runs)",
+}
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import bounds, comparisons, insights, metrics, plots, render, runset, tables
+from . import bounds, comparisons, insights, metrics, plots, render, runset, tables, where_time
 from .claims import claims_table
 from .comparisons import Comparison
 from .render import Bold, Bullets, Figure, Figures, Heading, Para, Table
@@ -162,6 +162,7 @@ class Report:
         out += self._claims()
         for c, recs, sp in self.planned:
             out += self._comparison(c, recs, sp)
+        out += where_time.blocks(self)
         out += self._tables()
         return out
 

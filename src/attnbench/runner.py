@@ -37,6 +37,7 @@ class RunOptions:
     retry: tuple[str, ...] = ()  # with resume: statuses whose pairs run again
     max_memory_bytes: int | None = None  # address-space cap of the worker (RLIMIT_AS)
     explicit_dtypes: bool = False  # the user chose the dtypes: never left out as too slow
+    profile: bool = False  # profile each ok pair after measuring it (profiling.py)
     invocation: dict = dataclasses.field(default_factory=dict)  # what --resume replays
 
 
@@ -154,11 +155,12 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
         "started": meta.get("started") or dt.datetime.now().astimezone().isoformat(),
         "ended": None,
     })
+    profile_dir = str(run_dir) if options.profile else None
     if options.isolate:
         executor = IsolatedExecutor(config=WorkerConfig(
-            threads, options.max_memory_bytes, str(where / WORKER_LOG)))
+            threads, options.max_memory_bytes, str(where / WORKER_LOG), profile_dir))
     else:
-        executor = InProcessExecutor(threads)
+        executor = InProcessExecutor(threads, WorkerConfig(threads, profile_dir=profile_dir))
     todo = [(c, b) for c, b in jobs if (c.key, b) not in done]
     if shard is not None:
         todo = shard.share(todo, suite)

@@ -57,6 +57,7 @@ class WorkerConfig:
     threads: int | None = None
     max_memory_bytes: int | None = None  # RLIMIT_AS of the worker: beyond it, ``oom``
     log_path: str | None = None  # the worker's stdout and stderr go here (crash reasons)
+    profile_dir: str | None = None  # the run directory: profile each ok pair (profiling.py)
 
 
 def _redirect_output(path: str) -> None:
@@ -98,12 +99,12 @@ def _worker_main(conn, config: WorkerConfig) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes,
                                                 config.max_memory_bytes))
     try:
-        _serve(conn, config.threads)
+        _serve(conn, config.threads, config.profile_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
         pass  # the parent reports the interruption
 
 
-def _serve(conn, threads: int | None) -> None:
+def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
     setup_process(threads)
     state = GlobalState()
     cache = CaseCache()
@@ -124,7 +125,7 @@ def _serve(conn, threads: int | None) -> None:
             conn.send(("progress", None))
 
         records = execute_group(jobs, budget, cache, probes.for_jobs(jobs), progress=progress,
-                                repeat=repeat)
+                                repeat=repeat, profile_dir=profile_dir)
         settle_garbage()
         state.restore()
         for rec in records:
@@ -141,13 +142,15 @@ class InProcessExecutor:
         setup_process(threads)
         self.cache = CaseCache()
         self.probes = Probes()
+        self.profile_dir = config.profile_dir if config else None
 
     def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
                   ) -> list[Record]:
         """Repeats (``budget.processes``) run in this same process: without isolation there
         is no fresh process to time them in."""
         share = budget.per_process()
-        first = execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs))
+        first = execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
+                              profile_dir=self.profile_dir)
         repeats = [execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
                                  repeat=True) for _ in range(budget.processes - 1)]
         settle_garbage()

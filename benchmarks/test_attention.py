@@ -1,0 +1,56 @@
+"""One pytest-benchmark benchmark per (case, backend) pair of the chosen suite (conftest.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from attnbench.execute import Candidate, open_job
+
+
+def _rounds(fn, sync, timing) -> int:
+    """Rounds from the suite's budget: ``budget_s`` of calls, within [min_reps, max_reps]."""
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    once = max(time.perf_counter() - t0, 1e-6)
+    return max(timing.min_reps, min(timing.max_reps, int(timing.budget_s / once)))
+
+
+def test_attention(benchmark, pair, case_cache, suite_timing):
+    case, backend = pair
+    case_cache.keep_only([case])
+    opened = open_job(case, backend, case_cache)  # setup and the float64 check: untimed
+    if not isinstance(opened, Candidate):
+        if opened.status in ("unsupported", "unavailable"):
+            pytest.skip(f"{opened.status}: {opened.reason}")
+        pytest.fail(f"{backend} {case.key}: {opened.status}: {opened.reason}", pytrace=False)
+    record = opened.record
+    if record.status != "ok":  # wrong: the output is beyond the dtype's tolerance
+        pytest.fail(f"{backend} {case.key}: {record.status}: {record.reason}", pytrace=False)
+    fn = opened.prepared.fn
+    dev = torch.device(case.device)
+    cuda = dev.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+    flush = None
+    if cuda:  # as the harness times: L2 flushed before each call, outside the timed region
+        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 2**26
+        flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.int32, device=dev)
+
+    def setup():
+        if flush is not None:
+            flush.zero_()
+            sync()
+
+    def call():
+        fn()
+        sync()  # the GPU's work ends inside the timed region
+
+    benchmark.extra_info.update(
+        key=case.key, backend=backend, work_flops=opened.backend.work_flops(case),
+        min_bytes=case.bytes, err_impl_out_rel=record.metrics.get("err_impl_out_rel"),
+        kernel=record.info.get("kernel"))
+    benchmark.pedantic(call, setup=setup, rounds=_rounds(fn, sync, suite_timing),
+                       warmup_rounds=1, iterations=1)

@@ -1,0 +1,87 @@
+"""benchmarks/ (the suites as pytest-benchmark benchmarks), run as a user runs it: in a
+subprocess, on a tiny suite with test backends (tests/fake_backends.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+SUITE = """
+name = "tiny_bench"
+backends = ["naive", "fake_sleep", "fake_missing", "fake_wrong"]
+[timing]
+warmup_s = 0.001
+budget_s = 0.1
+min_reps = 3
+max_reps = 3
+[axes]
+heads_q = 2
+head_dim = 16
+seq_len = 32
+mask = ["none", "causal"]
+"""
+BASE_SLEEP_MS, SLOW_SLEEP_MS = "100", "200"  # 5% of 100 ms: well above sleep jitter
+
+
+def bench(tmp_path, *args, sleep_ms):
+    env = dict(os.environ, ATTNBENCH_PLUGINS="fake_backends", PYTHONPATH=str(TESTS),
+               FAKE_SLEEP_MS=sleep_ms)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider",
+         "--benchmark-only", str(ROOT / "benchmarks"),
+         "--attnbench-suite", str(tmp_path / "tiny_bench.toml"),
+         f"--benchmark-storage=file://{tmp_path / 'store'}", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """One run of the whole tiny suite, saved as the baseline."""
+    tmp = tmp_path_factory.mktemp("bench")
+    (tmp / "tiny_bench.toml").write_text(SUITE)
+    proc = bench(tmp, "--benchmark-json", str(tmp / "out.json"), "--benchmark-save=base",
+                 sleep_ms=BASE_SLEEP_MS)
+    return tmp, proc
+
+
+def test_one_benchmark_per_supported_pair(saved):
+    tmp, proc = saved
+    data = json.loads((tmp / "out.json").read_text())
+    key = "b1-hq2-hkv2-q32-k32-d16-dv16-float32-cpu-{}-fwd-s0"
+    # fake_sleep supports no causal mask, fake_missing is unavailable, fake_wrong fails
+    assert sorted(b["param"] for b in data["benchmarks"]) == sorted([
+        f"{key.format('causal')}/naive", f"{key.format('none')}/fake_sleep",
+        f"{key.format('none')}/naive"])
+    for b in data["benchmarks"]:
+        assert b["stats"]["rounds"] == 3 and b["extra_info"]["err_impl_out_rel"] < 1e-5
+    sleeper = next(b for b in data["benchmarks"] if b["param"].endswith("/fake_sleep"))
+    assert sleeper["stats"]["min"] >= float(BASE_SLEEP_MS) * 1e-3  # the sleep is timed
+    info = data["machine_info"]["attnbench"]
+    assert info["device"] == "cpu" and info["torch"] and "cpu_capability" in info
+    assert "SKIPPED" in proc.stdout and "unsupported: mask causal" in proc.stdout
+    assert "unavailable: module 'attnbench_no_such_module' is not installed" in proc.stdout
+
+
+def test_a_wrong_backend_fails_its_benchmark(saved):
+    _, proc = saved
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and failed[0].endswith("-none-fwd-s0/fake_wrong]"), failed
+    assert "fake_wrong b1-hq2-hkv2-q32-k32-d16-dv16-float32-cpu-none-fwd-s0: wrong:" in proc.stdout
+
+
+def test_compare_fail_trips_on_a_planted_slowdown_and_not_against_itself(saved):
+    tmp, _ = saved
+    gate = ["--attnbench-backends", "fake_sleep", "--benchmark-compare=0001",
+            "--benchmark-compare-fail=median:5%"]
+    slow = bench(tmp, *gate, sleep_ms=SLOW_SLEEP_MS)
+    assert slow.returncode != 0
+    assert "Performance has regressed" in slow.stdout + slow.stderr
+    same = bench(tmp, *gate, sleep_ms=BASE_SLEEP_MS)
+    assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
+    assert "Performance has regressed" not in same.stdout + same.stderr
