@@ -44,20 +44,33 @@ def config_columns(K, names: list[str], q, k, v, plan) -> dict:
     return {"triton_config": out}
 
 
-def signature(fn, consts: dict, pointer_dtype: str, pointers, fp32_pointers) -> dict:
-    """Triton's signature of a kernel: pointers (Q, K, ... in the inputs' dtype; the
-    log-sum-exp and delta in fp32), the scales in fp32, other scalars i32."""
-    sig = {}
-    for arg in fn.arg_names:
-        if arg in consts:
+# Integer arguments a launch on contiguous inputs without GQA specialises to the constant 1
+# (Triton turns an argument equal to 1 into a constant): last-dim strides and the group.
+UNIT_ARGS = re.compile(r"^s[a-z]+d$|^GROUP$")
+UNALIGNED_ARGS = ("LEFT", "RIGHT")  # band offsets: any integer, no divisibility assumed
+
+
+def launch_signature(fn, consts: dict, pointer_dtype: str, pointers,
+                     fp32_pointers) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) of a kernel as a launch on contiguous inputs of the
+    h200 suite's shapes specialises it: pointers (Q, K, ... in the inputs' dtype; the
+    log-sum-exp and delta in fp32) and other integers divisible by 16, unit strides and a
+    group of 1 constant, the scales fp32."""
+    sig, constexprs, attrs = {}, {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in consts or UNIT_ARGS.match(arg):
             sig[arg] = "constexpr"
-        elif arg in fp32_pointers:
-            sig[arg] = "*fp32"
-        elif arg in pointers:
-            sig[arg] = "*" + pointer_dtype
+            constexprs[(i,)] = consts.get(arg, 1)
+        elif arg in pointers or arg in fp32_pointers:
+            sig[arg] = "*" + ("fp32" if arg in fp32_pointers else pointer_dtype)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif arg.endswith("scale"):
+            sig[arg] = "fp32"
         else:
-            sig[arg] = "fp32" if arg.endswith("scale") else "i32"
-    return sig
+            sig[arg] = "i32"
+            if arg not in UNALIGNED_ARGS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, constexprs, attrs
 
 
 PTXAS_LINE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
@@ -82,18 +95,20 @@ def ptxas_usage(ptx: str, arch: int = SM90) -> dict:
             "spill_store_bytes": int(spills.group(2)), "spill_load_bytes": int(spills.group(3))}
 
 
-def compile_sm90(K, kernel: str, d: int, dv: int, dtype: torch.dtype, plan) -> dict:
-    """Compile one kernel for sm_90 without a GPU, with a GPU's untuned configuration.
-    ``K`` must be the kernel module in compiled mode (see ``sm90_metadata``)."""
+def compile_sm90(K, kernel: str, d: int, dv: int, dtype: torch.dtype, plan, cfg=None) -> dict:
+    """Compile one kernel for sm_90 without a GPU, with ``cfg`` (default: the configuration a
+    GPU runs untuned, the first candidate). ``K`` must be the kernel module in compiled mode
+    (see ``sm90_metadata``). scripts/triton_resources.py compiles every candidate with it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    cfg = K.candidate_configs(kernel, d, dv, dtype.itemsize)[0]
+    cfg = cfg or K.candidate_configs(kernel, d, dv, dtype.itemsize)[0]
     fn = K.KERNELS[kernel]
     consts = K.launch_constants(d, dv, plan, cfg, dtype)
-    sig = signature(fn, consts, TRITON_DTYPES[dtype], K.POINTERS, K.FP32_POINTERS)
-    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+    sig, constexprs, attrs = launch_signature(fn, consts, TRITON_DTYPES[dtype], K.POINTERS,
+                                              K.FP32_POINTERS)
+    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                         target=GPUTarget("cuda", SM90, 32),
                         options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     usage = ptxas_usage(ck.asm["ptx"])

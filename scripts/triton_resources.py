@@ -6,8 +6,9 @@ Each candidate of each kernel (fwd, dkdv, dq) is compiled by Triton for Hopper
 (``GPUTarget("cuda", 90, 32)``, ptxas included) with the specialisations a real launch on
 the h200 suite gets (unit last-dim strides and a group of 1 as constants, other integers
 divisible by 16), for each mask form (none, causal, window), dtype (bf16; fp32 with its
-own half-size tiles) and head dim. Registers and spill bytes are read from the cubin with
-Triton's own ``cuobjdump -res-usage``; shared memory from the compiled kernel's metadata.
+own half-size tiles) and head dim, by the same function that fills the records'
+``triton_compiled`` columns without a GPU (``_triton_flash_meta.compile_sm90``): registers
+and spill bytes from ``ptxas -v``, shared memory from the compiled kernel's metadata.
 A candidate that spills is slower than one that does not and is dropped from
 ``candidate_configs``; the table this prints is docs/gpu.md's.
 
@@ -20,84 +21,35 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 MASKS = {"none": (False, False), "causal": (False, True), "window": (True, True)}
 H100_SHARED_BYTES = 227 * 1024
-
-
-def _signature(fn, ptr_dtype: str, consts: dict) -> tuple[dict, dict, dict]:
-    """(signature, constexprs, attrs) as a launch on contiguous inputs specialises them."""
-    sig, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            constexprs[(i,)] = consts[name]
-        elif name.isupper() and name not in ("H", "H_KV", "GROUP", "SEQ_Q", "SEQ_K", "LEFT",
-                                               "RIGHT"):
-            sig[name] = "*" + ("fp32" if name in ("LSE", "DELTA") else ptr_dtype)
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name.endswith("d") and name.startswith("s") or name == "GROUP":
-            sig[name] = "constexpr"  # unit stride of the last dim; one kv head per q head
-            constexprs[(i,)] = 1
-        elif name.endswith("scale"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-            if name not in ("LEFT", "RIGHT"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, constexprs, attrs
-
-
-def _resources(cubin: bytes) -> tuple[int, int]:
-    """(registers, spill store bytes) of the one kernel in ``cubin``."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    regs = re.search(r"REG:(\d+)", text)
-    spill = re.search(r"STACK:(\d+)", text)
-    return int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else -1
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def compile_one(kernel: str, dtype: str, d: int, mask: str, index: int, cfg=None) -> dict:
-    """Candidate ``index`` of ``kernel`` (or the Config ``cfg``, to try one out)."""
+    """Candidate ``index`` of ``kernel`` (or the Config ``cfg``, to try one out), compiled as
+    the records' sm_90 metadata is (``_triton_flash_meta.compile_sm90``)."""
     os.environ.pop("TRITON_INTERPRET", None)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    import torch
 
     from attnbench.implementations import _triton_flash_kernels as K
+    from attnbench.implementations import _triton_flash_meta as M
 
-    fn = {"fwd": K._fwd_kernel, "dkdv": K._bwd_dkdv_kernel, "dq": K._bwd_dq_kernel}[kernel]
-    elem = 4 if dtype == "fp32" else 2
-    cfg = cfg or K.candidate_configs(kernel, d, d, elem)[index]
+    torch_dtype = getattr(torch, DTYPES[dtype])
+    cfg = cfg or K.candidate_configs(kernel, d, d, torch_dtype.itemsize)[index]
     has_left, has_right = MASKS[mask]
-    consts = dict(HEAD_D=d, HEAD_DV=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  BLOCK_D=K.head_block(d), BLOCK_DV=K.head_block(d), HAS_LEFT=has_left,
-                  HAS_RIGHT=has_right, DOT_PREC="tf32x3" if dtype == "fp32" else "tf32")
-    sig, constexprs, attrs = _signature(fn, dtype, consts)
+    plan = K.Plan(scale=1.0, has_left=has_left, has_right=has_right)
     row = {"kernel": kernel, "dtype": dtype, "d": d, "mask": mask, "config": str(cfg),
            "default": index == 0}
     try:
-        ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs,
-                                      attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": cfg.num_warps,
-                                     "num_stages": cfg.num_stages})
+        meta = M.compile_sm90(K, kernel, d, d, torch_dtype, plan, cfg)
     except Exception as exc:
         return row | {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-    regs, stack = _resources(ck.asm["cubin"])
-    return row | {"registers": regs, "spill_bytes": stack, "shared_bytes": ck.metadata.shared,
-                  "fits": ck.metadata.shared <= H100_SHARED_BYTES}
+    return row | {"registers": meta["registers"], "spill_bytes": meta["spill_bytes"],
+                  "shared_bytes": meta["shared_bytes"],
+                  "fits": meta["shared_bytes"] <= H100_SHARED_BYTES}
 
 
 def main(argv=None) -> int:

@@ -83,9 +83,9 @@ def test_profiling_comes_after_timing_and_changes_no_number(fake_backends, tmp_p
     rec = execute_group([(CASE.replace(mask="none"), "fake_logged")], BUDGET, CaseCache(),
                         profile_dir=str(tmp_path))[0]
     assert rec.status == "ok", rec.reason
-    n_prof = rec.info["profile_calls"]
+    n_prof = 2 * rec.info["profile_calls"]  # a bare session (the table), a full one (trace)
     calls = Logged.CALLS
-    assert n_prof >= 1 and calls[-n_prof:] == [True] * n_prof  # profiled calls come last
+    assert n_prof >= 2 and calls[-n_prof:] == [True] * n_prof  # profiled calls come last
     assert not any(calls[:-n_prof])  # no timed (or checked, or memory) call was profiled
     assert len(calls) - n_prof >= rec.metrics["n_samples"]
     recomputed = timing_columns(rec.case, rec.metrics["work_flops"], rec.info["samples_ms"],

@@ -313,34 +313,24 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     script = textwrap.dedent("""
         import os, sys
         os.environ.pop("TRITON_INTERPRET", None)
+        import torch
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
         from attnbench.implementations import _triton_flash_kernels as K
         assert not K.INTERPRET
-        D, DT = 96, "bf16"
-        kernels = {
-            "fwd": (K._fwd_kernel, {"Q": DT, "K": DT, "V": DT, "O": DT, "LSE": "fp32"}),
-            "dkdv": (K._bwd_dkdv_kernel, {"Q": DT, "K": DT, "V": DT, "DO": DT, "DK": DT,
-                                          "DV": DT, "LSE": "fp32", "DELTA": "fp32"}),
-            "dq": (K._bwd_dq_kernel, {"Q": DT, "K": DT, "V": DT, "DO": DT, "DQ": DT,
-                                      "LSE": "fp32", "DELTA": "fp32"}),
-        }
-        for name, (fn, ptrs) in kernels.items():
+        from attnbench.implementations import _triton_flash_meta as M
+        D = 96
+        plan = K.Plan(scale=1.0, has_left=True, has_right=True, left=7, right=0)
+        for name, fn in K.KERNELS.items():
             cfg = K.candidate_configs(name, D, D)[0]
-            consts = dict(HEAD_D=D, HEAD_DV=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          BLOCK_D=K.head_block(D), BLOCK_DV=K.head_block(D), HAS_LEFT=True,
-                          HAS_RIGHT=True, DOT_PREC="tf32")
-            sig = {}
-            for a in fn.arg_names:
-                if a in consts:
-                    sig[a] = "constexpr"
-                elif a in ptrs:
-                    sig[a] = "*" + ptrs[a]
-                else:
-                    sig[a] = "fp32" if a.endswith("scale") else "i32"
-            src = ASTSource(fn=fn, signature=sig,
-                            constexprs={(fn.arg_names.index(a),): v for a, v in consts.items()})
+            consts = K.launch_constants(D, D, plan, cfg, torch.bfloat16)
+            sig, constexprs, attrs = M.launch_signature(fn, consts, "bf16", K.POINTERS,
+                                                        K.FP32_POINTERS)
+            assert sig["LSE"] == "*fp32" and sig["Q"] == "*bf16", sig
+            assert constexprs[(fn.arg_names.index("GROUP"),)] == 1, constexprs
+            assert (fn.arg_names.index("LEFT"),) not in attrs, attrs
+            src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
             ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": cfg.num_warps,
                                          "num_stages": cfg.num_stages})

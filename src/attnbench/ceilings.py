@@ -42,8 +42,9 @@ def matmul_tflops(dtype: str, device: str, n: int | None = None) -> float:
 # Copy sizes (bytes of the source), smallest first. The largest is the device's streaming
 # bandwidth (``copy_gbps``); the smaller ones are the roofs of working sets that stay in a
 # cache: a decode step over a 4 MiB KV cache is read from L2 at more than the 128 MiB copy.
-COPY_BYTES = {"cpu": (2**20, 8 * 2**20, 128 * 2**20),
-              "cuda": (16 * 2**20, 256 * 2**20, 2 * 2**30)}
+# Powers of two on CPU (L2 is MiBs, L3 tens to hundreds), powers of four on a GPU (L2 ~50 MB).
+COPY_BYTES = {"cpu": tuple(2**p for p in range(20, 28)),  # 1 MiB .. 128 MiB
+              "cuda": tuple(2**p for p in range(22, 31, 2)) + (2 * 2**30,)}  # 4 MiB .. 2 GiB
 
 
 def copy_gbps(device: str, nbytes: int | None = None) -> float:
