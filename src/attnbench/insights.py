@@ -268,8 +268,10 @@ def _probe(meta: dict) -> str:
     p = meta.get("probe") or {}
     if not p.get("n"):
         return "not recorded"
-    return (f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s, spread {p['spread']:.0%} of "
-            f"its median; {p.get('noisy_records', 0)} record(s) noisy (moved more than "
+    spread = (f"spread {p['spread']:.0%} of its median" if p.get("spread") is not None
+              else "one reading, no spread")
+    return (f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s, {spread}; "
+            f"{p.get('noisy_records', 0)} record(s) noisy (moved more than "
             f"{p.get('noise_threshold', 0):.0%})")
 
 
