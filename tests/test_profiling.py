@@ -83,11 +83,15 @@ def test_profiling_comes_after_timing_and_changes_no_number(fake_backends, tmp_p
     rec = execute_group([(CASE.replace(mask="none"), "fake_logged")], BUDGET, CaseCache(),
                         profile_dir=str(tmp_path))[0]
     assert rec.status == "ok", rec.reason
-    n_prof = 2 * rec.info["profile_calls"]  # a bare session (the table), a full one (trace)
+    n = rec.info["profile_calls"]
     calls = Logged.CALLS
-    assert n_prof >= 2 and calls[-n_prof:] == [True] * n_prof  # profiled calls come last
-    assert not any(calls[:-n_prof])  # no timed (or checked, or memory) call was profiled
-    assert len(calls) - n_prof >= rec.metrics["n_samples"]
+    # after measuring: a warm-up call, n bare sessions of one call (the table) each after a
+    # plain call (profile_plain_ms), then a full session of n calls (the trace)
+    tail = [False] + [False, True] * n + [True] * n
+    assert n >= 1 and calls[-len(tail):] == tail
+    assert not any(calls[:-len(tail)])  # no timed (or checked, or memory) call was profiled
+    assert len(calls) - len(tail) >= rec.metrics["n_samples"]
+    assert rec.info["profile_plain_ms"] > 0
     recomputed = timing_columns(rec.case, rec.metrics["work_flops"], rec.info["samples_ms"],
                                 rec.info["sampling_stop"], [], BUDGET)
     assert rec.metrics["time_ms_median"] == recomputed["time_ms_median"]
@@ -160,3 +164,20 @@ def test_profile_bad_input_is_one_line(tmp_path, capsys, monkeypatch, args, frag
     err = capsys.readouterr().err
     assert_bad_input(SimpleNamespace(returncode=code, stderr=err), *fragments)
     assert not (tmp_path / "res").exists() or not any((tmp_path / "res").rglob("*.jsonl"))
+
+
+def test_sessions_are_merged_per_operator_and_device():
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def evt(key, device_type, self_us, count=1):
+        return SimpleNamespace(key=key, device_type=device_type, count=count,
+                               self_cpu_time_total=self_us, cpu_time_total=2 * self_us,
+                               self_device_time_total=0.0, device_time_total=0.0, flops=0)
+
+    merged = profiling.merged_events([[evt("aten::bmm", cpu, 10.0, 4), evt("k", cuda, 1.0)],
+                                      [evt("aten::bmm", cpu, 30.0, 4)]])
+    bmm = next(m for m in merged if m.key == "aten::bmm")
+    assert (bmm.count, bmm.self_cpu_time_total, bmm.cpu_time_total) == (8, 40.0, 80.0)
+    assert len(merged) == 2  # the CUDA event stays its own row
+    rows = profiling.kernel_table(merged, "cpu", median_ms=0.02, n_calls=2)
+    assert rows[0].calls == 4 and rows[0].self_ms == pytest.approx(0.02)

@@ -36,6 +36,16 @@ def rerun_command(inv: dict, case, backend: str) -> list[str]:
     return cmd
 
 
+def _plain(row: dict) -> str:
+    """The plain calls beside the profiled ones: what the profiler itself adds."""
+    plain = row.get("profile_plain_ms")
+    if not plain:
+        return ""
+    return (f"; plain calls between the profiled ones {plain:.4g} ms, so the profiler adds "
+            f"{row['profile_total_ms'] / plain - 1:+.0%} and the machine moved "
+            f"{plain / row['time_ms_median'] - 1:+.0%} since the timing")
+
+
 def summary_lines(rows: list[dict], run_dir: Path, inv: dict) -> list[str]:
     """What ``profile`` prints per profiled record."""
     out = []
@@ -50,7 +60,7 @@ def summary_lines(rows: list[dict], run_dir: Path, inv: dict) -> list[str]:
         out.append(f"\n{row['backend']} {row['key']}: median {median:.4g} ms (samples "
                    f"{min(samples):.4g}..{max(samples):.4g}), kernel table total "
                    f"{row['profile_total_ms']:.4g} ms ({row['profile_total_ms'] / median:.0%} "
-                   f"of the median)")
+                   f"of the median){_plain(row)}")
         for top in (row.get("profile_top") or [])[:SHOWN_ROWS]:
             out.append(f"  {top['share']:7.1%}  {top['self_ms']:9.4g} ms  x{top['calls']:<4g} "
                        f"{top['name'][:90]}")

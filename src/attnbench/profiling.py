@@ -28,6 +28,8 @@ import hashlib
 import json
 import re
 import shlex
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -87,6 +89,36 @@ class KernelRow:
     tflops: float | None = None
     gbps: float | None = None
     source: str = ""  # where flops / bytes come from
+
+
+@dataclass
+class MergedEvent:
+    """One operator's or kernel's profiler averages summed over several sessions (the
+    attributes ``kernel_table`` reads of torch's ``FunctionEventAvg``)."""
+
+    key: str
+    device_type: object
+    count: int = 0
+    self_cpu_time_total: float = 0.0
+    cpu_time_total: float = 0.0
+    self_device_time_total: float = 0.0
+    device_time_total: float = 0.0
+    flops: float = 0.0
+
+
+def merged_events(sessions) -> list[MergedEvent]:
+    """The key averages of several profiler sessions as one list, summed per (key, device)."""
+    out: dict[tuple, MergedEvent] = {}
+    for events in sessions:
+        for e in events:
+            m = out.setdefault((e.key, e.device_type), MergedEvent(e.key, e.device_type))
+            m.count += e.count
+            m.self_cpu_time_total += e.self_cpu_time_total
+            m.cpu_time_total += e.cpu_time_total
+            m.self_device_time_total += getattr(e, "self_device_time_total", 0) or 0
+            m.device_time_total += getattr(e, "device_time_total", 0) or 0
+            m.flops += getattr(e, "flops", 0) or 0
+    return list(out.values())
 
 
 def _file_stem(case_key: str) -> str:
@@ -191,27 +223,38 @@ def profile_pair(fn: Callable[[], object], case, backend: str, median_ms: float,
     n_calls = profiled_calls(median_ms)
     region = range_name(case.key, backend)
 
-    def profiled(**detail):
+    def profiled(calls: int, **detail):
         with profile(activities=activities, **detail) as prof:
-            for _ in range(n_calls):
+            for _ in range(calls):
                 with record_function(region):
                     fn()
                     sync()
         return prof
 
+    def plain() -> float:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return (time.perf_counter() - t0) * 1e3
+
     fn()  # warm: the memory measurement before may have handed pages back to the system
     sync()
-    # Two sessions: the kernel table's times come from a bare one, because recording shapes,
-    # memory and FLOPs costs microseconds per operator on CPU, and a backend of many small
-    # operators (sliding_window's chunks) read 131% of its median under the full session.
-    # The trace, the FLOP counts and the memory timeline come from the full one.
-    bare = profiled()
-    full = profiled(record_shapes=True, profile_memory=True, with_flops=True,
+    # The kernel table's times come from bare sessions, one call each, alternating with plain
+    # calls timed by the wall clock: recording shapes, memory and FLOPs costs microseconds
+    # per operator on CPU (a backend of many small operators, sliding_window's chunks, read
+    # 131% of its median under such a session), and the plain calls beside the profiled ones
+    # tell the profiler's own cost (``profile_plain_ms``) from the machine's drift since the
+    # record was timed. The trace, FLOP counts and memory timeline come from a full session.
+    bare, plain_ms = [], []
+    for _ in range(n_calls):
+        plain_ms.append(plain())
+        bare.append(profiled(1).key_averages())
+    full = profiled(n_calls, record_shapes=True, profile_memory=True, with_flops=True,
                     with_stack=cuda)  # the memory timeline needs stacks
     trace = stem.with_name(stem.name + ".trace.json.gz")
     full.export_chrome_trace(str(trace))  # torch gzips a path ending in .gz
     device = "cuda" if cuda else "cpu"
-    events = bare.key_averages()
+    events = merged_events(bare)
     flops = {e.key: e.flops for e in full.key_averages() if getattr(e, "flops", 0)}
     rows = kernel_table(events, device, median_ms, work_flops, case.bytes, n_calls,
                         region=region, flops=flops)
@@ -225,6 +268,7 @@ def profile_pair(fn: Callable[[], object], case, backend: str, median_ms: float,
         "profile_calls": n_calls,
         "profile_total_ms": sum(r.self_ms for r in rows),
         "profile_wall_ms": root[0].cpu_time_total / 1e3 / n_calls if root else None,
+        "profile_plain_ms": statistics.median(plain_ms),
         "profile_top": [{"name": r.name, "calls": r.calls, "self_ms": r.self_ms,
                          "share": r.share, "tflops": r.tflops, "gbps": r.gbps}
                         for r in rows[:TOP_ROWS]],

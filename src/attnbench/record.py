@@ -38,6 +38,8 @@ OPTIONAL_COLUMNS = {
     "profile_total_ms": "sum of the kernel table's self times per call (compare with "
                         "time_ms_median)",
     "profile_wall_ms": "wall time of a profiled call (profiler overhead included)",
+    "profile_plain_ms": "median wall time of plain calls alternating with the profiled ones "
+                        "(the profiler's cost is the table's total over it)",
     "profile_top": "the kernel table's largest rows (name, calls, self_ms, share, tflops, gbps)",
     "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "
                      "num_warps, num_stages) that ran",

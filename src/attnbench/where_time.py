@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -40,6 +41,8 @@ def kernel_shares(df: pd.DataFrame) -> pd.DataFrame:
         for rank, top in enumerate(rec["profile_top"][:TOP], 1):
             rows.append({"run": run, "backend": backend, "case": rec["key"],
                          "median ms": median, "table total / median": total / median,
+                         "plain calls / median": (rec.get("profile_plain_ms") or math.nan)
+                         / median,
                          "#": rank, "kernel": top["name"], "calls": top["calls"],
                          "self ms": top["self_ms"], "share": top["share"],
                          "TFLOP/s": top.get("tflops"), "GB/s": top.get("gbps")})
@@ -115,8 +118,10 @@ def blocks(report) -> list:
         out += [Para(["Per backend, its largest profiled case: the operators (CPU) or kernels "
                       "(GPU) with the largest self time in untimed profiled calls after "
                       "measuring, each as a share of the record's median time; 'table total "
-                      "/ median' is how much of the measured time the profile accounts for "
-                      "(profiler overhead adds to it, a noisy machine moves it). Traces "
+                      "/ median' is how much of the measured time the profile accounts for; "
+                      "'plain calls / median' times unprofiled calls made between the "
+                      "profiled ones, so the gap between the two is the profiler's own cost "
+                      "and the plain calls' distance from 1 is the machine's drift. Traces "
                       "(Perfetto) and full tables are under the run's profiles/ folder."]),
                 Table(_formatted(shares))]
     if chart is not None:
