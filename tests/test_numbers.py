@@ -246,3 +246,14 @@ def test_copy_roof_holds_a_record_to_the_copy_of_its_own_size():
     assert copy_roof(ladder, 1000) == 40.0  # smaller than every copy: the fastest roof
     assert copy_roof({"copy_gbps": 10.0}, 1000) == 10.0  # runs from before the ladder
     assert copy_roof({}, 1000) is None
+
+
+def test_interleaved_rounds_rotate_which_closure_runs_first():
+    from attnbench.timing import measure_interleaved
+
+    calls = []
+    fns = [lambda i=i: calls.append(i) for i in range(3)]
+    timings = measure_interleaved(fns, "cpu", TimingBudget(warmup_s=0.0, budget_s=0.0,
+                                                           min_reps=3, max_reps=3))
+    assert all(len(t.samples_ms) == 3 for t in timings)
+    assert calls[-9:] == [0, 1, 2, 1, 2, 0, 2, 0, 1]  # after the warm-up calls

@@ -155,8 +155,9 @@ def _cpu_sample(fn, into: list[float]) -> None:
 def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
                         budget: TimingBudget = TimingBudget(), probe=None,
                         warm: bool = False) -> list[Timing]:
-    """Time closures in interleaved rounds: round i calls each once, in order, so sample i
-    of every closure comes from the same moment of the machine. All stop together: when
+    """Time closures in interleaved rounds: round i calls each once, starting with closure
+    i mod n, so sample i of every closure comes from the same moment of the machine and no
+    closure always runs first. All stop together: when
     every closure is precise enough, or the budget (``budget_s`` per closure) or
     ``max_reps`` is spent. ``probe`` (a DriftProbe) is read between rounds."""
     dev = torch.device(device)
@@ -172,8 +173,16 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     stop = ""
     if probe is not None:
         probe.read()
+    pairs = list(zip(fns, timings))
+    rounds = 0
     while not stop:
-        for fn, t in zip(fns, timings):
+        # Each round starts one closure later: a closure that always ran first would always
+        # find the caches as the last one of the round before left them (on CPU nothing is
+        # flushed; after naive's 256 MiB of repeated K/V, sdpa read 12.0 ms to sdpa_flash's
+        # 7.2 on the same kernel in a decode group).
+        start_at = rounds % len(pairs)
+        rounds += 1
+        for fn, t in pairs[start_at:] + pairs[:start_at]:
             if cuda:
                 sampler.sample(fn, t.samples_ms)
             else:
