@@ -125,8 +125,8 @@ class Drift:
 
 class Drifting(Fake):
     """Exact attention that takes ``units`` drifting milliseconds, with a deterministic
-    +-``wobble`` alternating call to call: two of these have a true median time ratio of
-    units_a / units_b at every moment, whatever the drift."""
+    +-``wobble`` alternating from timed call to timed call: two of these have a true median
+    time ratio of units_a / units_b at every moment, whatever the drift."""
 
     units = 1.0
     wobble = 0.0
@@ -140,7 +140,9 @@ class Drifting(Fake):
             if "out" not in memo:  # computed once: later calls are pure (drifting) waiting,
                 memo["out"] = exact(q, k, v)  # with no torch threads to compete with
             memo["calls"] += 1
-            sign = 1 if memo["calls"] % 2 else -1
+            # flips every second call: in interleaved rounds on CPU an untimed call of the
+            # same closure precedes each timed one, so the timed calls alternate
+            sign = 1 if (memo["calls"] // 2) % 2 else -1
             Drift.hold(self.units * (1 + sign * self.wobble), start)
             return memo["out"]
 

@@ -248,7 +248,7 @@ def test_copy_roof_holds_a_record_to_the_copy_of_its_own_size():
     assert copy_roof({}, 1000) is None
 
 
-def test_interleaved_rounds_rotate_which_closure_runs_first():
+def test_interleaved_rounds_on_cpu_time_a_call_that_follows_its_own_untimed_call():
     from attnbench.timing import measure_interleaved
 
     calls = []
@@ -256,4 +256,6 @@ def test_interleaved_rounds_rotate_which_closure_runs_first():
     timings = measure_interleaved(fns, "cpu", TimingBudget(warmup_s=0.0, budget_s=0.0,
                                                            min_reps=3, max_reps=3))
     assert all(len(t.samples_ms) == 3 for t in timings)
-    assert calls[-9:] == [0, 1, 2, 1, 2, 0, 2, 0, 1]  # after the warm-up calls
+    # after the warm-up calls: rounds start one closure later, each closure called twice in a
+    # row (the untimed call, then the timed one)
+    assert calls[-18:] == [0, 0, 1, 1, 2, 2, 1, 1, 2, 2, 0, 0, 2, 2, 0, 0, 1, 1]

@@ -155,11 +155,12 @@ def _cpu_sample(fn, into: list[float]) -> None:
 def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
                         budget: TimingBudget = TimingBudget(), probe=None,
                         warm: bool = False) -> list[Timing]:
-    """Time closures in interleaved rounds: round i calls each once, starting with closure
-    i mod n, so sample i of every closure comes from the same moment of the machine and no
-    closure always runs first. All stop together: when
-    every closure is precise enough, or the budget (``budget_s`` per closure) or
-    ``max_reps`` is spent. ``probe`` (a DriftProbe) is read between rounds."""
+    """Time closures in interleaved rounds: round i times each once, starting with closure
+    i mod n, so sample i of every closure comes from the same moment of the machine. On CPU
+    each timed call follows an untimed call of the same closure (the caches as a closure
+    timed alone finds them, whatever its neighbour); on a GPU L2 is flushed before each.
+    All stop together: when every closure is precise enough, or the budget (``budget_s``
+    per closure) or ``max_reps`` is spent. ``probe`` (a DriftProbe) is read between rounds."""
     dev = torch.device(device)
     if warm:
         budget = dataclasses.replace(budget, min_warmup=0)
@@ -176,16 +177,21 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     pairs = list(zip(fns, timings))
     rounds = 0
     while not stop:
-        # Each round starts one closure later: a closure that always ran first would always
-        # find the caches as the last one of the round before left them (on CPU nothing is
-        # flushed; after naive's 256 MiB of repeated K/V, sdpa read 12.0 ms to sdpa_flash's
-        # 7.2 on the same kernel in a decode group).
+        # Each round starts one closure later, so none always runs first.
         start_at = rounds % len(pairs)
         rounds += 1
         for fn, t in pairs[start_at:] + pairs[:start_at]:
             if cuda:
-                sampler.sample(fn, t.samples_ms)
+                sampler.sample(fn, t.samples_ms)  # after flushing L2
             else:
+                # On CPU nothing is flushed: a timed call would find the caches as the
+                # closure before it left them. In a decode group sdpa, always after naive's
+                # 256 MiB of repeated K/V, read 12.0 ms to sdpa_flash's 7.9, which always ran
+                # after sdpa had read the same K/V: one kernel, 7.3 ms each timed alone. An
+                # untimed call of the same closure first gives every sample the state a
+                # closure timed alone sees.
+                if len(pairs) > 1:
+                    fn()
                 _cpu_sample(fn, t.samples_ms)
         if cuda:
             sampler.settle()
