@@ -366,8 +366,11 @@ def test_ctrl_c_exits_130_without_a_traceback(tiny, tmp_path):
     argv = [sys.executable, "-m", "attnbench.cli", "run", "--suite", str(tiny), "--out",
             str(out), "--run-id", "I", "--no-progress", "--no-report", "--seq-len",
             "16,32,64,128,256,512,1024"]
+    # SIGINT back to its default in the child: a shell that starts the tests in the
+    # background (`.ci/run &`) hands its children SIGINT ignored, and Python keeps it so
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         path = out / "I" / RECORDS

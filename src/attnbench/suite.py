@@ -139,8 +139,7 @@ class Suite:
         if not kept:
             raise BadInput(f"{self.path}: no sweep runs on {device}; its sweeps' devices: "
                            f"{', '.join(sorted({d for s in self.sweeps for d in s.devices}))}")
-        for sweep in kept:
-            sweep.axes["device"] = [device]
+        kept = [dataclasses.replace(s, axes=s.axes | {"device": [device]}) for s in kept]
         return Suite(self.name, self.description, self.path, self.content_hash, self.timing,
                      self.timeout_s, kept).jobs()
 
