@@ -46,7 +46,7 @@ def config_columns(K, names: list[str], q, k, v, plan) -> dict:
 
 # Integer arguments a launch on contiguous inputs without GQA specialises to the constant 1
 # (Triton turns an argument equal to 1 into a constant): last-dim strides and the group.
-UNIT_ARGS = re.compile(r"^s[a-z]+d$|^GROUP$")
+UNIT_ARGS = re.compile(r"^s_?[a-z]+d$|^GROUP$")  # sqd, skd, ..., s_dkd, s_dvd; GROUP
 UNALIGNED_ARGS = ("LEFT", "RIGHT")  # band offsets: any integer, no divisibility assumed
 
 

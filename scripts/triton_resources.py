@@ -32,6 +32,7 @@ def compile_one(kernel: str, dtype: str, d: int, mask: str, index: int, cfg=None
     """Candidate ``index`` of ``kernel`` (or the Config ``cfg``, to try one out), compiled as
     the records' sm_90 metadata is (``_triton_flash_meta.compile_sm90``)."""
     os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as sm90_metadata says it
     import torch
 
     from attnbench.implementations import _triton_flash_kernels as K
