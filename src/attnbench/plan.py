@@ -91,7 +91,8 @@ def pair_cost_s(case: Case, timing: TimingBudget, work_flops: float | None = Non
     per_call = ((work_flops if work_flops is not None else case.flops)
                 / NOMINAL_FLOPS.get(kind, NOMINAL_FLOPS["cpu"])
                 + case.bytes / NOMINAL_BYTES_PER_S.get(kind, NOMINAL_BYTES_PER_S["cpu"]))
-    calls = timing.processes * (timing.min_reps + UNTIMED_CALLS)
+    primed = 2 if kind == "cpu" else 1  # on CPU an untimed call precedes each timed one
+    calls = timing.processes * (primed * timing.min_reps + UNTIMED_CALLS)
     return pair_budget_s(timing) + calls * per_call
 
 
