@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnbench.execute import Candidate, open_job
+from attnbench.timing import l2_flush_buffer
 
 
 def _rounds(fn, sync, timing) -> int:
@@ -34,10 +35,8 @@ def test_attention(benchmark, pair, case_cache, suite_timing):
     dev = torch.device(case.device)
     cuda = dev.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
-    flush = None
-    if cuda:  # as the harness times: L2 flushed before each call, outside the timed region
-        l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 2**26
-        flush = torch.empty(2 * l2 // 4 + 1, dtype=torch.int32, device=dev)
+    # as the harness times: L2 flushed before each call, outside the timed region
+    flush = l2_flush_buffer(dev) if cuda else None
 
     def setup():
         if flush is not None:

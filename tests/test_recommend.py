@@ -130,3 +130,17 @@ def test_bad_shape_is_one_line_and_exit_2(run_dir, capsys, shape, message):
 def test_window_mask_with_its_comma_parses():
     case = parse_shape("hq=32,hkv=8,nq=1,nk=8192,d=128,mask=window(4095,0)").case
     assert (case.mask, case.seq_q, case.seq_k) == ("window(4095,0)", 1, 8192)
+
+
+def test_backends_after_the_runner_up_carry_their_ratio_interval(tmp_path, capsys):
+    case = _case(2048)
+    jitter = [1.0, 1.02, 0.99, 1.01, 1.0, 0.98, 1.03, 1.0]
+    d = tmp_path / "results" / "three-cpu"
+    with RecordWriter(d) as w:
+        for r in (_ok(case, "sdpa", 10.0, [1.0] * 8), _ok(case, "naive", 20.0, jitter),
+                  _ok(case, "sdpa_math", 30.0, jitter)):
+            w.write(r.to_row() | {"run_id": d.name, "recorded_at": "2026-12-01T00:00:00"})
+    write_meta(d, {"run_id": d.name, "suite": "synthetic"})
+    assert main(["recommend", "--shape", "hq=4,hkv=1,n=2048,d=128,mask=causal", str(d)]) == 0
+    then = [line for line in capsys.readouterr().out.splitlines() if "then sdpa_math" in line]
+    assert len(then) == 1 and "3x [" in then[0], then  # paired rounds: 3 with its interval

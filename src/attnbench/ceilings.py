@@ -67,12 +67,17 @@ def measure_ceilings(dtypes: list[str], device: str) -> dict:
     }
 
 
+def copy_ladder(ceilings: dict) -> list[tuple[int, float]]:
+    """A run's measured copies as (source bytes, GB/s), smallest first; [] before the ladder."""
+    return sorted((int(n), g) for n, g in (ceilings.get("copy_gbps_by_bytes") or {}).items())
+
+
 def copy_roof(ceilings: dict, traffic_bytes: float) -> float | None:
     """The copy bandwidth that bounds a record moving ``traffic_bytes``: that of the largest
     measured copy whose traffic (source read + destination written) is no more than the
     record's, else the smallest copy's. A working set that fits a cache is held to that
     cache's roof, not to the streaming one. Runs recorded before the ladder: ``copy_gbps``."""
-    ladder = sorted((int(n), g) for n, g in (ceilings.get("copy_gbps_by_bytes") or {}).items())
+    ladder = copy_ladder(ceilings)
     if not ladder:
         return ceilings.get("copy_gbps")
     fitting = [g for n, g in ladder if 2 * n <= traffic_bytes]

@@ -14,6 +14,7 @@ import pandas as pd
 
 from . import fits, ratios, tables
 from . import lines as line_groups
+from .ceilings import copy_ladder
 from .claims import claims_table
 from .comparisons import Comparison
 from .plots import n_label
@@ -251,8 +252,7 @@ def _copy_ceilings(meta: dict) -> str:
     """Copy bandwidth per copied size, largest first: ``GB/s: 12.3 (128 MiB copied), 40.1 (1 MiB
     copied)``."""
     ceilings = meta.get("ceilings") or {}
-    ladder = sorted(((int(n), g) for n, g in (ceilings.get("copy_gbps_by_bytes") or {}).items()),
-                    reverse=True)
+    ladder = copy_ladder(ceilings)[::-1]
     if not ladder:
         return f"{ceilings['copy_gbps']:.3g} GB/s" if ceilings.get("copy_gbps") else DASH
     return "GB/s: " + ", ".join(f"{g:.3g} ({n / 2**20:g} MiB copied)" for n, g in ladder)

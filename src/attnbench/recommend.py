@@ -296,8 +296,9 @@ def _pick_lines(pick: Pick, shape: Shape) -> list[str]:
                        + ("" if pick.margin.significant else
                           f"; a tie on this evidence ({w['backend']} has the lower median)"))
         for o in pick.ranked[2:]:
-            out.append(f"  then {o['backend']}: {o['time_ms_median'] / w['time_ms_median']:.3g}x "
-                       f"the winner's time")
+            out.append(f"  then {o['backend']}: "
+                       f"{ratios.format_ratio(ratios.difference(o, w).interval)} the winner's "
+                       f"time")
     if pick.inexact:
         out.append(f"  not considered (not exact softmax): {', '.join(pick.inexact)}")
     for r in pick.not_ok:

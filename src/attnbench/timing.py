@@ -80,7 +80,8 @@ class Timing:
         return statistics.stdev(self.samples_ms) / statistics.fmean(self.samples_ms)
 
 
-def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
+def l2_flush_buffer(device: torch.device) -> torch.Tensor:
+    """A buffer twice the GPU's L2: zeroing it before a call evicts what the last one left."""
     props = torch.cuda.get_device_properties(device)
     l2 = getattr(props, "L2_cache_size", 0) or 64 * 2**20
     return torch.empty(int(2 * l2) // 4 + 1, dtype=torch.int32, device=device)
@@ -128,7 +129,7 @@ class _CudaSampler:
 
     def __init__(self, dev: torch.device):
         self.dev = dev
-        self.flush = _l2_flush_buffer(dev)
+        self.flush = l2_flush_buffer(dev)
         self.pending: list[tuple[list[float], torch.cuda.Event, torch.cuda.Event]] = []
 
     def sample(self, fn, into: list[float]) -> None:
