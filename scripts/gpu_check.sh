@@ -7,8 +7,8 @@
 # (scripts/gpu_correctness.py, which also fills Triton's kernel cache), (2) suites/h200.toml,
 # ordered so that a run cut anywhere holds the core comparison, (3) its report and a summary
 # of the suite's goals. At the top of OUTDIR: log.txt, summary.md, correctness.json and
-# gpu-check.tar.gz (everything, run and report included: the GPU machine returns only a few
-# files). Without a GPU it prints one line and exits 2.
+# gpu-check.tar.gz (the run and its report: the GPU machine returns only a few files, so
+# nothing else is left there). Without a GPU it prints one line and exits 2.
 #
 # It uses the first Python whose torch sees a GPU, of: $PYTHON, the checkout's
 # .venv/bin/python, python3, python (the log says which), and installs nothing: this
@@ -18,7 +18,13 @@
 # Time limits (seconds, overridable): CHECK_LIMIT_S=85 for the correctness step,
 # RUN_LIMIT_S=105 for the suite, REPORT_LIMIT_S=20 for the report, 10 for the summary
 # (interrupted steps keep what they finished; the report covers a partial run).
+#
+# GPU_CHECK_REHEARSAL=SUITE rehearses the plumbing on a CPU (the tests do this, since the
+# real check has to work the first time a GPU is lent): any Python with torch, step 1 as
+# gpu_correctness.py --smoke (the Triton interpreter), step 2 runs SUITE on the CPU, and
+# steps 3 and the packing as on a GPU.
 set -uo pipefail
+REHEARSAL=${GPU_CHECK_REHEARSAL:-}
 
 if [ $# -ne 1 ] || [ -z "$1" ]; then
     echo "usage: scripts/gpu_check.sh OUTDIR" >&2
@@ -27,14 +33,14 @@ fi
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 
 sees_gpu() {  # prints why not on failure
-    "$1" - 2>&1 <<'EOF_PY'
+    "$1" - "$REHEARSAL" 2>&1 <<'EOF_PY'
 import sys
 try:
     import torch
 except Exception as exc:
     print(f"cannot import torch ({type(exc).__name__})")
     sys.exit(1)
-if not torch.cuda.is_available():
+if not torch.cuda.is_available() and not sys.argv[1]:
     print(f"torch {torch.__version__} sees no CUDA device")
     sys.exit(1)
 EOF_PY
@@ -74,37 +80,51 @@ cd "$REPO" || exit 2
 
 stamp "python $PY (the first whose torch sees a GPU${why:+; not: $why})"
 stamp "repo $REPO ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ', dirty')), output $OUT"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
+if [ -n "$REHEARSAL" ]; then
+    stamp "REHEARSAL on the CPU: step 1 with --smoke, step 2 runs $REHEARSAL"
+    SUITE=$REHEARSAL DEVICE=cpu CHECK_ARGS=(--smoke) RUN_PREFIX=rehearsal
+else
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+        --format=csv,noheader 2>&1
+    SUITE=suites/h200.toml DEVICE=cuda CHECK_ARGS=() RUN_PREFIX=h200
+fi
 "$PY" -c "import sys, torch, triton, attnbench; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda, '| attnbench from', attnbench.__file__)"
 
 status=0
 stamp "step 1/3: every GPU backend against float64 (limit ${CHECK_LIMIT_S:-85} s)"
 timeout -s INT -k 5 "${CHECK_LIMIT_S:-85}" \
-    "$PY" scripts/gpu_correctness.py --out "$OUT/correctness.json"
+    "$PY" scripts/gpu_correctness.py "${CHECK_ARGS[@]}" --out "$OUT/correctness.json"
 rc=$?
 stamp "correctness exit code $rc$([ $rc -eq 124 ] && echo ' (time limit: partial, see correctness.json)')"
 [ $rc -eq 0 ] || status=1
 
-RUN_ID="h200-$(date +%Y%m%d-%H%M%S)"
-stamp "step 2/3: attnbench run suites/h200.toml -> results/$RUN_ID (limit ${RUN_LIMIT_S:-105} s)"
+RUN_ID="$RUN_PREFIX-$(date +%Y%m%d-%H%M%S)"
+stamp "step 2/3: attnbench run $SUITE -> results/$RUN_ID (limit ${RUN_LIMIT_S:-105} s)"
 timeout -s INT -k 10 "${RUN_LIMIT_S:-105}" \
-    "$PY" -m attnbench.cli run --suite suites/h200.toml --device cuda --out "$OUT/results" \
+    "$PY" -m attnbench.cli run --suite "$SUITE" --device "$DEVICE" --out "$OUT/all/results" \
     --run-id "$RUN_ID" --no-report --no-progress
 rc=$?
 stamp "run exit code $rc$([ $rc -eq 124 ] || [ $rc -eq 130 ] && echo ' (time limit: the run is partial)')"
 [ $rc -eq 0 ] || status=1
 
 stamp "step 3/3: report and summary (limit ${REPORT_LIMIT_S:-20} s)"
-if [ -d "$OUT/results/$RUN_ID" ]; then
+if [ -d "$OUT/all/results/$RUN_ID" ]; then
     timeout -s INT -k 5 10 "$PY" scripts/gpu_summary.py \
-        "$OUT/results/$RUN_ID" --out "$OUT/summary.md" >/dev/null || status=1
+        "$OUT/all/results/$RUN_ID" --out "$OUT/summary.md" >/dev/null || status=1
     timeout -s INT -k 5 "${REPORT_LIMIT_S:-20}" "$PY" -m attnbench.cli report \
-        "$OUT/results/$RUN_ID" --name "$RUN_ID" --out "$OUT/report" || status=1
+        "$OUT/all/results/$RUN_ID" --name "$RUN_ID" --out "$OUT/all/report" || status=1
 else
     echo "no run directory was written"
     status=1
 fi
 stamp "done, exit code $status; packing $OUT/gpu-check.tar.gz"
-tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT" --exclude gpu-check.tar.gz . 2>/dev/null \
-    || echo "tar failed"
+# The run and its report are packed and then removed, so that OUTDIR ends with its four
+# files alone (the GPU machine hands back at most 8, and would choose among more). log.txt
+# stays out of the tarball: it is still being written, and it comes back on its own.
+cp "$OUT/correctness.json" "$OUT/summary.md" "$OUT/all/" 2>/dev/null
+if tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT/all" .; then
+    rm -rf "$OUT/all"
+else
+    echo "tar failed: the run and report stay unpacked under $OUT/all"
+fi
 exit $status

@@ -21,6 +21,7 @@ if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import itertools  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -399,6 +400,68 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("gpu_check: no CUDA GPU on this machine ("), \
         proc.stdout + proc.stderr
     assert not out.exists()  # nothing was run, nothing written
+
+
+REHEARSAL_SUITE = """
+name = "tiny_rehearsal"
+backends = ["naive", "sdpa"]
+[timing]
+warmup_s = 0.001
+budget_s = 0.05
+min_reps = 5
+max_reps = 5
+[axes]
+heads_q = 2
+head_dim = 16
+seq_len = [64, 128]
+
+[[claim]]
+text = "sdpa is at least 0.001x as fast as naive"
+source = "the rehearsal test"
+kind = "ratio"
+numerator = "naive"
+denominator = "sdpa"
+where = { seq_len = 128 }
+expected = [0.001]
+unit = "x"
+"""
+
+
+def test_gpu_check_rehearsal_leaves_four_files_that_hold_the_whole_check(tmp_path):
+    """The GPU check's plumbing end to end on the CPU (GPU_CHECK_REHEARSAL): the shim
+    package, the three steps, the summary of the suite's claims, the report and the packing
+    (the GPU machine hands back at most 8 files: OUTDIR must hold its four alone)."""
+    import tarfile
+
+    suite = tmp_path / "tiny_rehearsal.toml"
+    suite.write_text(REHEARSAL_SUITE)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env | {"PYTHON": sys.executable,
+                                     "GPU_CHECK_REHEARSAL": str(suite)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "correctness.json", "gpu-check.tar.gz", "log.txt", "summary.md"]
+    log = (out / "log.txt").read_text()
+    assert "step 1/3" in log and "step 2/3" in log and "step 3/3" in log
+    assert "tar failed" not in log and "correctness exit code 0" in log
+    checks = json.loads((out / "correctness.json").read_text())
+    assert checks["finished"] == checks["tasks"] and checks["results"]
+    assert not [r for r in checks["results"] if r["ok"] is False]
+    summary = (out / "summary.md").read_text()
+    claim = next(line for line in summary.splitlines() if "0.001x as fast" in line)
+    assert claim.endswith("| holds |"), summary
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        names = tar.getnames()
+        run_dir = next(n for n in names if n.startswith("./results/rehearsal-")
+                       and n.endswith("/records.jsonl"))
+        records = [json.loads(line) for line in
+                   tar.extractfile(run_dir).read().decode().splitlines()]
+    assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
+    assert {"./report/index.md", "./report/index.html", "./summary.md",
+            "./correctness.json"} <= set(names)
 
 
 def test_gpu_summary_reads_goals_from_records():
