@@ -225,15 +225,18 @@ def test_a_column_the_lengths_determine_moves_along_the_line():
     a batch swept at each N still gets a line per value."""
     import pandas as pd
 
-    from attnbench.tables import line_columns
+    from attnbench.tables import line_columns, moving_caption
 
     rows = [dict(backend=b, dtype="bfloat16", mask="causal", mode="fwd", seq_q=n, seq_k=n,
                  batch=16384 // n, head_dim=d, heads_q=2048 // d)
             for b in ("triton_flash", "sdpa_flash") for d in (64, 128) for n in (1024, 4096)]
     derived = line_columns(pd.DataFrame(rows))
     assert "batch" not in derived and {"head_dim", "heads_q"} <= set(derived)
+    # the rows cannot say it, so the caption does
+    assert moving_caption(pd.DataFrame(rows)) == \
+        "Moving with N, not a row of its own: batch (1024: 16, 4096: 4)."
     swept = pd.DataFrame([r | {"batch": b} for r in rows for b in (1, 4)])
-    assert "batch" in line_columns(swept)
+    assert "batch" in line_columns(swept) and moving_caption(swept) == ""
 
 
 def test_copy_roof_holds_a_record_to_the_copy_of_its_own_size():

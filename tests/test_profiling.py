@@ -181,3 +181,23 @@ def test_sessions_are_merged_per_operator_and_device():
     assert len(merged) == 2  # the CUDA event stays its own row
     rows = profiling.kernel_table(merged, "cpu", median_ms=0.02, n_calls=2)
     assert rows[0].calls == 4 and rows[0].self_ms == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("ladder,in_cache", [
+    ({"1048576": 70.0, "134217728": 23.0}, "roof float32 in cache: 70 GB/s (the 1 MiB copy)"),
+    ({"1048576": 23.5, "134217728": 23.0}, None),  # no faster rung: one roof
+    ({}, None),  # a run recorded before the ladder
+])
+def test_roofline_draws_the_in_cache_roof_beside_the_streaming_one(tmp_path, ladder, in_cache):
+    import pandas as pd
+
+    from attnbench.plots import Palette
+    from attnbench.where_time import roofline_chart
+
+    df = pd.DataFrame([dict(status="ok", backend="sdpa", dtype="float32", tflops=0.5,
+                            gbps=40.0)])
+    ceilings = {"r1": {"matmul_tflops": {"float32": 2.0}, "copy_gbps": 23.0,
+                       "copy_gbps_by_bytes": ladder}}
+    alt = roofline_chart(df, ceilings, tmp_path / "roof.png", Palette()).alt
+    assert "roof float32: 2 TFLOP/s, 23 GB/s" in alt and (tmp_path / "roof.png").is_file()
+    assert (in_cache in alt) if in_cache else ("in cache" not in alt)

@@ -258,7 +258,7 @@ class Report:
         out = [Heading(2, "Tables by metric"),
                Para([f"Rows: {', '.join(lines)}; columns: sequence length (seq_q/seq_k when "
                      f"they differ). Non-ok cells show the status; ~ marks a noisy record, "
-                     f"WRONG a value above the tolerance."])]
+                     f"WRONG a value above the tolerance. {tables.moving_caption(df)}".strip()])]
         for m in metrics.tabulated():
             if m.name not in df.columns or df[m.name].isna().all():
                 continue

@@ -24,18 +24,42 @@ def line_columns(df: pd.DataFrame) -> list[str]:
     """The columns that identify a table row (a line over N) in these records.
 
     A column that the lengths determine (a suite's ``batch = "16384 // seq_len"``: one value
-    per N) moves along the line with N rather than starting a line per value."""
-    varying = []
-    candidates = ["run_id", *CASE_COLUMNS]
+    per N) moves along the line with N rather than starting a line per value
+    (``moving_with_n`` lists them, for the captions)."""
+    varying = [c for c in _case_columns(df) if df[c].astype(str).nunique(dropna=False) > 1]
+    moving = set(moving_with_n(df))
+    return [c for c in varying if c not in moving] + [c for c in ALWAYS if c in df.columns]
+
+
+def moving_with_n(df: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """Case columns that vary but hold one value per sequence length: column -> {N label:
+    value}. They are not lines; a table says them in its caption, since its rows cannot."""
     sizes = [c for c in SIZE_COLUMNS if c in df.columns]
-    for c in candidates:
-        if c in ALWAYS or c in SIZE_COLUMNS or c in NOT_LINES or c not in df.columns:
-            continue
+    if not sizes or df.empty:
+        return {}
+    out = {}
+    for c in _case_columns(df):
         values = df[c].astype(str)
-        if values.nunique(dropna=False) > 1 and not (
-                sizes and values.groupby([df[s] for s in sizes]).nunique().max() == 1):
-            varying.append(c)
-    return varying + [c for c in ALWAYS if c in df.columns]
+        if values.nunique(dropna=False) > 1 and \
+                values.groupby([df[s] for s in sizes]).nunique().max() == 1:
+            firsts = df.assign(_v=values).drop_duplicates(sizes).sort_values(sizes)
+            out[c] = {seq_label(r): r["_v"] for _, r in firsts.iterrows()}
+    return out
+
+
+def moving_caption(df: pd.DataFrame) -> str:
+    """'Moving with N: batch (1024: 16; 2048: 8)', or '' when no column does."""
+    moving = moving_with_n(df)
+    if not moving:
+        return ""
+    return "Moving with N, not a row of its own: " + "; ".join(
+        f"{c} (" + ", ".join(f"{n}: {v}" for n, v in by_n.items()) + ")"
+        for c, by_n in moving.items()) + "."
+
+
+def _case_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in ["run_id", *CASE_COLUMNS] if c in df.columns and c not in ALWAYS
+            and c not in SIZE_COLUMNS and c not in NOT_LINES]
 
 
 def seq_label(row) -> str:

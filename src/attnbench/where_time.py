@@ -7,7 +7,9 @@
 - Roofline: every ok record at its arithmetic intensity (the work it performs over its
   minimum traffic: inputs read once, outputs written once, so an upper bound on the real
   intensity) against its achieved TFLOP/s, under the roofs the run measured at its start:
-  the matmul rate of each dtype and the copy bandwidth.
+  the matmul rate of each dtype and the streaming copy bandwidth, and, lighter, the fastest
+  copy of the run's ladder (one that fits a cache), which bounds records small enough to
+  stay in that cache.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import plots  # noqa: E402
+from .ceilings import copy_ladder  # noqa: E402
 from .render import Figure, Figures, Heading, Para, Table  # noqa: E402
 
 TOP = 5
@@ -84,12 +87,19 @@ def roofline_chart(df: pd.DataFrame, ceilings: dict[str, dict], path: Path,
                       max([intensity.max(), *ridges]) * 4, 200)
     roofs = []
     for run, dtype, peak, bw in pairs:
+        style = palette.STYLES[len(roofs) % 4]
         roof = np.minimum(peak, bw * 1e9 * xs / 1e12)
         label = f"roof {dtype}" + (f" ({run})" if len(ceilings) > 1 else "")
-        ax.plot(xs, roof, color="0.3", linestyle=palette.STYLES[len(roofs) % 4], linewidth=1,
-                label=label)
+        ax.plot(xs, roof, color="0.3", linestyle=style, linewidth=1, label=label)
         roofs.append(f"{label}: {peak:.3g} TFLOP/s, {bw:.3g} GB/s, ridge at "
                      f"{peak * 1e3 / bw:.3g} FLOP/byte")
+        cached = _fastest_copy(ceilings[run])
+        if cached and cached[1] > 1.05 * bw:  # records small enough for a cache sit up to it
+            nbytes, cached_bw = cached
+            ax.plot(xs, np.minimum(peak, cached_bw * 1e9 * xs / 1e12), color="0.65",
+                    linestyle=style, linewidth=1,
+                    label=f"{label}, in cache ({_mib(nbytes)} copy)")
+            roofs.append(f"{label} in cache: {cached_bw:.3g} GB/s (the {_mib(nbytes)} copy)")
     for backend, g in ok.assign(intensity=intensity).groupby("backend", sort=False):
         ax.scatter(g["intensity"], g["tflops"], s=18, color=palette.color(str(backend)),
                    label=str(backend), alpha=0.8)
@@ -101,6 +111,17 @@ def roofline_chart(df: pd.DataFrame, ceilings: dict[str, dict], path: Path,
     alt = (f"Roofline, {len(ok)} ok records of backends {', '.join(ok['backend'].unique())}; "
            + ("; ".join(roofs) if roofs else "no ceilings measured") + ".")
     return plots.Chart(path, alt)
+
+
+def _fastest_copy(ceilings: dict) -> tuple[int, float] | None:
+    """The run's fastest measured copy, (source bytes, GB/s): the roof of a record whose
+    traffic fits a cache, which the streaming copy alone would put above its roof."""
+    ladder = copy_ladder(ceilings)
+    return max(ladder, key=lambda rung: rung[1]) if ladder else None
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:g} MiB"
 
 
 def blocks(report) -> list:
@@ -129,6 +150,8 @@ def blocks(report) -> list:
         out.append(Figures([Figure(roof_name, chart.alt,
                                    "Roofline: each ok record's work over its minimum traffic "
                                    "(an upper bound on its intensity) against its achieved "
-                                   "TFLOP/s, under the matmul rate and copy bandwidth the run "
-                                   f"measured at its start. ({roof_name})")]))
+                                   "TFLOP/s, under the matmul rate and streaming copy bandwidth "
+                                   "the run measured at its start; the lighter roof is its "
+                                   "fastest copy, one that fits a cache, which bounds records "
+                                   f"small enough to stay there. ({roof_name})")]))
     return out
