@@ -37,19 +37,42 @@ def projections(case, device=None, dtype=torch.float64) -> tuple[torch.Tensor, t
     return e.to(device=device or "cpu", dtype=dtype), f.to(device=device or "cpu", dtype=dtype)
 
 
-def linformer_attention(q, k, v, e, f, scale: float) -> torch.Tensor:
+# The (rows, k) scores of every query row at once leave a CPU's last-level cache as N grows
+# (B=1, H=8, k=256: 32 MiB at N = 4K), and then each row costs more than the last: the time
+# exponent over N = 1K..16K read 1.24 in 2026-12-01-family-cpu, against O(N k) work. On CPU
+# the query rows go in blocks whose scores fit SCORE_BLOCK_BYTES (1.6-2.2x faster from 4K
+# on in a throwaway measurement on this machine, exponent about 1.0); a GPU takes all rows
+# in one launch.
+SCORE_BLOCK_BYTES = {"cpu": 4 * 2**20}
+
+
+def block_rows(case, device: torch.device, itemsize: int) -> int | None:
+    """Query rows per block of scores on this device (None: all rows at once)."""
+    budget = SCORE_BLOCK_BYTES.get(torch.device(device).type)
+    if budget is None:
+        return None
+    return max(1, budget // (case.batch * case.heads_kv * case.linformer_k * itemsize))
+
+
+def linformer_attention(q, k, v, e, f, scale: float, rows: int | None = None) -> torch.Tensor:
     """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv); e, f (kp, Nk).
 
     Returns (B, Hq, Nq, Dv). The G query heads of a K/V head share its projected rows, so
-    they are folded into the rows of one matmul (no K/V repeat)."""
+    they are folded into the rows of one matmul (no K/V repeat); ``rows``: that many of
+    those rows per block of scores (None: all at once)."""
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
     kp = torch.matmul(e, k)  # (B, Hkv, kp, D)
     vp = torch.matmul(f, v)  # (B, Hkv, kp, Dv)
     qg = q.reshape(B, Hkv, (Hq // Hkv) * Nq, D)  # (B, Hkv, G*Nq, D)
-    s = torch.matmul(qg, kp.transpose(-1, -2)).mul_(scale)  # (B, Hkv, G*Nq, kp)
-    p = torch.softmax(s, dim=-1)
-    return torch.matmul(p, vp).reshape(B, Hq, Nq, Dv)  # (B, Hq, Nq, Dv)
+    kp_t = kp.transpose(-1, -2)  # (B, Hkv, D, kp)
+    step = rows or qg.shape[2]
+    blocks = []
+    for i in range(0, qg.shape[2], step):
+        s = torch.matmul(qg[:, :, i:i + step], kp_t).mul_(scale)  # (B, Hkv, r, kp)
+        blocks.append(torch.matmul(torch.softmax(s, dim=-1), vp))  # (B, Hkv, r, Dv)
+    out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (B, Hkv, G*Nq, Dv)
+    return out.reshape(B, Hq, Nq, Dv)  # (B, Hq, Nq, Dv)
 
 
 def linformer_reference(q, k, v, e, f, scale: float, grad_out=None) -> RefResult:
@@ -86,10 +109,11 @@ class Linformer(Backend):
         cdt = torch.float64 if case.dtype == "float64" else torch.float32
         e, f = projections(case, inputs.q.device, cdt)
         scale = case.softmax_scale
+        rows = block_rows(case, inputs.q.device, torch.tensor([], dtype=cdt).element_size())
 
         def linformer(q, k, v):
             return linformer_attention(q.to(cdt), k.to(cdt), v.to(cdt), e, f,
-                                       scale).to(q.dtype)
+                                       scale, rows).to(q.dtype)
 
         return linformer
 

@@ -143,3 +143,24 @@ def test_largest_tensor_is_n_times_k(mode):
         assert spy.largest_numel <= max(2 * n * 64, 2 * n * 16), (n, spy.largest_numel)
     assert sizes[2048] <= 2.1 * sizes[1024] <= 2.1 ** 2 * sizes[512]
 
+
+
+def test_query_rows_in_blocks_compute_the_same_values_and_gradients():
+    """On CPU the scores go in blocks of query rows (SCORE_BLOCK_BYTES); a block size that
+    does not divide the rows and crosses a GQA group's boundary changes nothing."""
+    case = make_case(SHAPES[1].values)  # GQA 6/2: 3 * 83 = 249 folded rows per K/V head
+    inputs = case.make_inputs()
+    e, f = LF.projections(case, dtype=torch.float32)
+
+    def outputs(rows):
+        q, k, v = (t.detach().clone().requires_grad_(True)
+                   for t in (inputs.q, inputs.k, inputs.v))
+        out = LF.linformer_attention(q, k, v, e, f, case.softmax_scale, rows)
+        return (out, *torch.autograd.grad(out, (q, k, v), inputs.grad_out))
+
+    for got, want in zip(outputs(37), outputs(None)):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the family suite's shape (B=1, H=8, k=256, fp32): 512 rows of scores, 4 MiB a block
+    family = Case(batch=1, heads_q=8, heads_kv=8, seq_q=16384, seq_k=16384, linformer_k=256)
+    assert LF.block_rows(family, torch.device("cpu"), 4) == 512
+    assert LF.block_rows(family, torch.device("cuda"), 4) is None  # a GPU: one launch
