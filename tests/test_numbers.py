@@ -239,6 +239,31 @@ def test_a_column_the_lengths_determine_moves_along_the_line():
     assert "batch" in line_columns(swept) and moving_caption(swept) == ""
 
 
+@pytest.mark.parametrize("rates,tried,best", [
+    # TFLOP/s by size: larger matmuls run faster (AMX bf16), so the ceiling is the best size
+    ({256: 0.2, 512: 0.4, 1024: 0.49, 2048: 0.9, 4096: 0.8}, [256, 512, 1024, 2048, 4096], 0.9),
+    # a slow dtype (bf16 without native support): 1024^3 would take 0.43 s, not started
+    ({256: 0.005, 512: 0.005}, [256, 512], 0.005),
+])
+def test_matmul_ceiling_is_the_best_rate_over_the_sizes_it_can_afford(monkeypatch, rates,
+                                                                       tried, best):
+    from types import SimpleNamespace
+
+    from attnbench import ceilings
+
+    seen = []
+
+    def fake_measure(fn, device, budget):
+        size = fn.__defaults__[0].shape[0]  # the closure's bound (size, size) operand
+        seen.append(size)
+        return SimpleNamespace(min_ms=2 * size**3 / (rates[size] * 1e12) * 1e3)
+
+    monkeypatch.setattr(ceilings, "measure", fake_measure)
+    monkeypatch.setattr(ceilings, "SIZES", {"cpu": (256, 512, 1024, 2048, 4096)})
+    assert ceilings.matmul_tflops("float32", "cpu") == pytest.approx(best)
+    assert seen == tried
+
+
 def test_copy_roof_holds_a_record_to_the_copy_of_its_own_size():
     ladder = {"copy_gbps": 10.0,
               "copy_gbps_by_bytes": {str(2**20): 40.0, str(8 * 2**20): 25.0,
