@@ -78,7 +78,11 @@ export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1
 unset TRITON_INTERPRET
 cd "$REPO" || exit 2
 
-stamp "python $PY (the first whose torch sees a GPU${why:+; not: $why})"
+if [ -n "$REHEARSAL" ]; then
+    stamp "python $PY (a rehearsal: any Python with torch)"
+else
+    stamp "python $PY (the first whose torch sees a GPU${why:+; not: $why})"
+fi
 stamp "repo $REPO ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ', dirty')), output $OUT"
 if [ -n "$REHEARSAL" ]; then
     stamp "REHEARSAL on the CPU: step 1 with --smoke, step 2 runs $REHEARSAL"
@@ -93,7 +97,7 @@ fi
 status=0
 stamp "step 1/3: every GPU backend against float64 (limit ${CHECK_LIMIT_S:-85} s)"
 timeout -s INT -k 5 "${CHECK_LIMIT_S:-85}" \
-    "$PY" scripts/gpu_correctness.py "${CHECK_ARGS[@]}" --out "$OUT/correctness.json"
+    "$PY" scripts/gpu_correctness.py ${CHECK_ARGS[@]+"${CHECK_ARGS[@]}"} --out "$OUT/correctness.json"
 rc=$?
 stamp "correctness exit code $rc$([ $rc -eq 124 ] && echo ' (time limit: partial, see correctness.json)')"
 [ $rc -eq 0 ] || status=1
@@ -121,7 +125,7 @@ stamp "done, exit code $status; packing $OUT/gpu-check.tar.gz"
 # The run and its report are packed and then removed, so that OUTDIR ends with its four
 # files alone (the GPU machine hands back at most 8, and would choose among more). log.txt
 # stays out of the tarball: it is still being written, and it comes back on its own.
-cp "$OUT/correctness.json" "$OUT/summary.md" "$OUT/all/" 2>/dev/null
+mkdir -p "$OUT/all" && cp "$OUT/correctness.json" "$OUT/summary.md" "$OUT/all/" 2>/dev/null
 if tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT/all" .; then
     rm -rf "$OUT/all"
 else
