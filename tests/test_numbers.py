@@ -237,6 +237,10 @@ def test_a_column_the_lengths_determine_moves_along_the_line():
         "Moving with N, not a row of its own: batch (1024: 16, 4096: 4)."
     swept = pd.DataFrame([r | {"batch": b} for r in rows for b in (1, 4)])
     assert "batch" in line_columns(swept) and moving_caption(swept) == ""
+    # two runs that measured different lengths stay two lines
+    runs = pd.DataFrame([r | {"run_id": "h100" if r["seq_q"] == 1024 else "h200"}
+                         for r in rows])
+    assert "run_id" in line_columns(runs)
 
 
 @pytest.mark.parametrize("rates,tried,best", [

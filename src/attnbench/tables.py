@@ -39,6 +39,8 @@ def moving_with_n(df: pd.DataFrame) -> dict[str, dict[str, str]]:
         return {}
     out = {}
     for c in _case_columns(df):
+        if c == "run_id":  # two runs at different lengths are two lines, never one
+            continue
         values = df[c].astype(str)
         if values.nunique(dropna=False) > 1 and \
                 values.groupby([df[s] for s in sizes]).nunique().max() == 1:
@@ -48,7 +50,7 @@ def moving_with_n(df: pd.DataFrame) -> dict[str, dict[str, str]]:
 
 
 def moving_caption(df: pd.DataFrame) -> str:
-    """'Moving with N: batch (1024: 16; 2048: 8)', or '' when no column does."""
+    """'Moving with N, not a row of its own: batch (1024: 16, 2048: 8).', or ''."""
     moving = moving_with_n(df)
     if not moving:
         return ""
