@@ -3,9 +3,9 @@
     pytest --benchmark-only benchmarks/ [--attnbench-suite quick] [--attnbench-backends sdpa]
            [--attnbench-dtype float32] [--attnbench-seq-len 1024] [--attnbench-device cpu]
 
-The pairs are the ones ``attnbench run`` with the same options would run (attnbench.choose),
+The pairs are the ones ``attnbench run`` with the same options would run (attnbench.runs.overrides),
 set up and checked against the float64 reference by the harness itself
-(attnbench.execute.open_job); pytest-benchmark does the timing, saving and comparing
+(attnbench.measure.execute.open_job); pytest-benchmark does the timing, saving and comparing
 (``--benchmark-json``, ``--benchmark-save``, ``--benchmark-compare``,
 ``--benchmark-compare-fail``). Not collected by the default ``pytest`` (testpaths = tests).
 """
@@ -20,7 +20,7 @@ import pytest
 # by whole scheduler quanta on shared cores. Set before torch starts its thread pool.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from attnbench.errors import BadInput  # noqa: E402
+from attnbench.core.errors import BadInput  # noqa: E402
 
 OPTIONS = ("suite", "backends", "dtype", "seq-len", "device")
 
@@ -41,7 +41,7 @@ def pytest_addoption(parser):
 def _selection(config):
     """(suite, device, jobs) of the options, chosen once per session."""
     if not hasattr(config, "_attnbench_selection"):
-        from attnbench.choose import select
+        from attnbench.runs.overrides import select
 
         opts = {o: config.getoption(f"--attnbench-{o}") for o in OPTIONS}
         try:
@@ -56,7 +56,7 @@ def _selection(config):
 def pytest_generate_tests(metafunc):
     if "pair" not in metafunc.fixturenames:
         return
-    from attnbench.profiling import range_name
+    from attnbench.measure.profiler import range_name
 
     _, _, jobs = _selection(metafunc.config)
     metafunc.parametrize("pair", jobs, ids=[range_name(c.key, b) for c, b in jobs])
@@ -69,14 +69,14 @@ def suite_timing(request):
 
 @pytest.fixture(scope="session")
 def case_cache():
-    from attnbench.execute import CaseCache
+    from attnbench.measure.execute import CaseCache
 
     return CaseCache()
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
     """What decides an attention benchmark's numbers, beside pytest-benchmark's own fields."""
-    from attnbench.environment import collect
+    from attnbench.runs.environment import collect
 
     env = collect(_selection(config)[1])
     machine_info["attnbench"] = {k: env.get(k) for k in (

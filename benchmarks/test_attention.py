@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from attnbench.execute import Candidate, open_job
-from attnbench.timing import l2_flush_buffer
+from attnbench.measure.execute import Candidate, open_job
+from attnbench.measure.timing import l2_flush_buffer
 
 
 def _rounds(fn, sync, timing) -> int:

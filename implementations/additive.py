@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.backend import DIFFERENT, Backend, Capabilities, wrap_mode
-from attnbench.case import MODE_FLOP_FACTOR
-from attnbench.dtypes import element_size
-from attnbench.masks import INF, allowed_rows
-from attnbench.reference import chunk_rows, chunked_reference, masked_softmax
+from attnbench.core.backend import DIFFERENT, Backend, Capabilities, wrap_mode
+from attnbench.core.case import MODE_FLOP_FACTOR
+from attnbench.core.dtypes import element_size
+from attnbench.core.masks import INF, allowed_rows
+from attnbench.core.reference import chunk_rows, chunked_reference, masked_softmax
 
 # Bytes per (row, key) pair besides the d_a-wide slice: scores, probabilities and
 # their gradients in the compute dtype (fp32, or fp64 for fp64 inputs), plus the mask.

@@ -1,7 +1,7 @@
 """block_sparse: softmax attention restricted to a block layout, computing only nonzero blocks.
 
 The layout is a boolean (n_q_blocks, n_k_blocks) grid of ``b x b`` tiles (``local``,
-``bigbird``, ``longformer``, ``strided`` or ``explicit``; see ``attnbench.block_layouts``).
+``bigbird``, ``longformer``, ``strided`` or ``explicit``; see ``attnbench.core.block_layouts``).
 For each query block the key blocks it may see are listed; query blocks are grouped into
 *buckets* by how many key blocks they see, and inside a bucket every row's list is padded
 to the bucket's maximum with a dummy (masked) key block. A bucket then runs as dense batched work:
@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from attnbench import block_layouts
-from attnbench.backend import APPROXIMATE, Backend, Capabilities
-from attnbench.case import MODE_FLOP_FACTOR
+from attnbench.core import block_layouts
+from attnbench.core.backend import APPROXIMATE, Backend, Capabilities
+from attnbench.core.case import MODE_FLOP_FACTOR
+from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations.sliding_window import (
     bmm_acc,
     score_grad,
@@ -47,7 +48,6 @@ from attnbench.implementations.sliding_window import (
     softmax_probs,
     work_buffers,
 )
-from attnbench.reference import RefResult, chunked_reference
 
 
 def case_layout(case) -> torch.Tensor:

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from attnbench.backend import ALL_MASKS, Backend, Capabilities, wrap_mode
-from attnbench.masks import INF
+from attnbench.core.backend import ALL_MASKS, Backend, Capabilities, wrap_mode
+from attnbench.core.masks import INF
 
 # Per device type: dtypes, modes and smallest head dim the compiled kernel accepts.
 DEVICE_LIMITS = {

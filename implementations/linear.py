@@ -30,10 +30,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnbench.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
-from attnbench.case import MODE_FLOP_FACTOR
-from attnbench.masks import allowed_rows
-from attnbench.reference import RefResult, chunked_reference
+from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
+from attnbench.core.case import MODE_FLOP_FACTOR
+from attnbench.core.masks import allowed_rows
+from attnbench.core.reference import RefResult, chunked_reference
 
 FEATURE_MAPS = ("elu", "favor")
 CHUNK = 64  # keys per chunk of the causal prefix sum

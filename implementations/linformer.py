@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.backend import APPROXIMATE, Backend, Capabilities
-from attnbench.case import MODE_FLOP_FACTOR
-from attnbench.masks import MaskSpec
-from attnbench.reference import RefResult, softmax_reference
+from attnbench.core.backend import APPROXIMATE, Backend, Capabilities
+from attnbench.core.case import MODE_FLOP_FACTOR
+from attnbench.core.masks import MaskSpec
+from attnbench.core.reference import RefResult, softmax_reference
 
 _SEED_SALT = 0x11F0A  # projections come from another stream than the inputs
 

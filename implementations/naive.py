@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.backend import Backend, Capabilities
-from attnbench.heads import repeat_kv
-from attnbench.masks import allowed_rows
+from attnbench.core.backend import Backend, Capabilities
+from attnbench.core.heads import repeat_kv
+from attnbench.core.masks import allowed_rows
 
 
 class Naive(Backend):

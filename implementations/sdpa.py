@@ -20,8 +20,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from attnbench.backend import Backend, Capabilities, wrap_mode
-from attnbench.masks import allowed_rows
+from attnbench.core.backend import Backend, Capabilities, wrap_mode
+from attnbench.core.masks import allowed_rows
 
 # ATen ops that identify the SDPA kernel that ran, and their short names.
 KERNEL_OPS = {

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.backend import ALL_DTYPES, ALL_MASKS, Backend, Capabilities, wrap_mode
-from attnbench.errors import NotSupported
+from attnbench.core.backend import ALL_DTYPES, ALL_MASKS, Backend, Capabilities, wrap_mode
+from attnbench.core.errors import NotSupported
 from attnbench.implementations.sdpa import (
     KERNEL_OPS,
     detect_kernel,

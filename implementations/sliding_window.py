@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from attnbench.backend import Backend, Capabilities
-from attnbench.case import MODE_FLOP_FACTOR
-from attnbench.masks import INF
+from attnbench.core.backend import Backend, Capabilities
+from attnbench.core.case import MODE_FLOP_FACTOR
+from attnbench.core.masks import INF
 
 
 def _query_block(left: int, right: int) -> int:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.backend import DIFFERENT, Backend, Capabilities
-from attnbench.heads import repeat_kv
-from attnbench.masks import allowed_rows
-from attnbench.reference import RefResult, chunked_reference
+from attnbench.core.backend import DIFFERENT, Backend, Capabilities
+from attnbench.core.heads import repeat_kv
+from attnbench.core.masks import allowed_rows
+from attnbench.core.reference import RefResult, chunked_reference
 
 BISECTION_STEPS = 64  # halvings of an interval of width 1: below float64's resolution
 FIRST_TOP = 64  # entries sorted first; attention rows' supports are usually far smaller

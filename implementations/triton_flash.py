@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from attnbench.backend import Backend, Capabilities, Prepared, wrap_mode
+from attnbench.core.backend import Backend, Capabilities, Prepared, wrap_mode
 
 CPU_REASON = ("triton_flash needs a CUDA GPU; set TRITON_INTERPRET=1 to run it through the "
               "Triton interpreter on CPU (slow)")

@@ -24,10 +24,10 @@ import warnings
 
 import torch
 
-from attnbench.backend import Backend, Capabilities, wrap_mode
-from attnbench.case import Inputs
-from attnbench.errors import NotSupported
-from attnbench.masks import INF, MaskSpec
+from attnbench.core.backend import Backend, Capabilities, wrap_mode
+from attnbench.core.case import Inputs
+from attnbench.core.errors import NotSupported
+from attnbench.core.masks import INF, MaskSpec
 
 INSTALL_HINT = "xformers is not installed (pip install attnbench[xformers])"
 

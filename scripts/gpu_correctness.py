@@ -77,7 +77,7 @@ def _errors(got, ref):
 
 
 def _check(label, dtype, got, naive, ref, results):
-    from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+    from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
 
     for name, expected in ref.items():
         t = got[name]
@@ -101,7 +101,7 @@ DEVICE = os.environ.get("ATTNBENCH_CHECK_DEVICE", "cuda")  # "cpu" only for --sm
 
 
 def _inputs(shape, dtype, seed=0):
-    from attnbench.case import Case
+    from attnbench.core.case import Case
 
     B, Hq, Hk, Nq, Nk, D, Dv, mask = shape
     case = Case(batch=B, heads_q=Hq, heads_kv=Hk, seq_q=Nq, seq_k=Nk, head_dim=D, head_dim_v=Dv,
@@ -119,9 +119,9 @@ def _grads(fn, inputs):
 def run_shape(shape, dtype):
     import torch
 
+    from attnbench.core.reference import case_reference
+    from attnbench.core.registry import get_backend
     from attnbench.implementations import triton_flash
-    from attnbench.reference import case_reference
-    from attnbench.registry import get_backend
 
     K = triton_flash.kernels()
     results = []
@@ -149,9 +149,9 @@ def run_config(dtype, d, mask, kernel, index):
     task per candidate, so compiling them spreads over every process."""
     import torch
 
+    from attnbench.core.reference import case_reference
+    from attnbench.core.registry import get_backend
     from attnbench.implementations import triton_flash
-    from attnbench.reference import case_reference
-    from attnbench.registry import get_backend
 
     K = triton_flash.kernels()
     results = []
@@ -189,8 +189,8 @@ def run_config(dtype, d, mask, kernel, index):
 
 def run_backend(shape, dtype, backend):
     """Another GPU backend through the harness: its record's status and errors."""
-    from attnbench.execute import CaseCache, execute
-    from attnbench.timing import TimingBudget
+    from attnbench.measure.execute import CaseCache, execute
+    from attnbench.measure.timing import TimingBudget
 
     case, _ = _inputs(shape, dtype)
     rec = execute(case, backend, TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache()).to_row()

@@ -54,7 +54,7 @@ def _throughput(df) -> list[str]:
 
 
 def summarise(df, claims: list[dict]) -> list[str]:
-    from attnbench.claims import claims_table
+    from attnbench.analysis.claims import claims_table
 
     out = ["# triton_flash on the GPU: summary of one suites/h200.toml run\n"]
     out += _statuses(df) + _throughput(df)
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    from attnbench.records import load_results, read_meta
+    from attnbench.runs.record_files import load_results, read_meta
 
     df = load_results(args.run_dir)
     text = "\n".join(summarise(df, read_meta(args.run_dir).get("claims") or [])) + "\n"

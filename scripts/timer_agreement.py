@@ -21,10 +21,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the runner's worker pr
 import torch  # noqa: E402
 import torch.utils.benchmark as tb  # noqa: E402
 
-from attnbench.case import Case  # noqa: E402
-from attnbench.registry import get_backend  # noqa: E402
-from attnbench.timing import TimingBudget, measure  # noqa: E402
-from attnbench.worker import setup_process  # noqa: E402
+from attnbench.core.case import Case  # noqa: E402
+from attnbench.core.registry import get_backend  # noqa: E402
+from attnbench.measure.timing import TimingBudget, measure  # noqa: E402
+from attnbench.measure.worker import setup_process  # noqa: E402
 
 
 def main() -> None:

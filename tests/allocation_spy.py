@@ -43,9 +43,9 @@ def largest_allocation(backend, case) -> int:
 
 _PEAK_SCRIPT = """
 import json, sys
-from attnbench.case import Case
-from attnbench.memory import peak_memory_bytes
-from attnbench.registry import get_backend
+from attnbench.core.case import Case
+from attnbench.measure.memory import peak_memory_bytes
+from attnbench.core.registry import get_backend
 backend = get_backend(sys.argv[1])
 peaks = []
 for kwargs in json.loads(sys.argv[2]):

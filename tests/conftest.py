@@ -11,7 +11,7 @@ if str(TESTS) not in sys.path:
 @pytest.fixture
 def fake_backends(monkeypatch):
     """Register tests/fake_backends.py through the plugin variable, for this test only."""
-    from attnbench.registry import all_backends
+    from attnbench.core.registry import all_backends
 
     monkeypatch.setenv("ATTNBENCH_PLUGINS", "fake_backends")
     monkeypatch.setenv("PYTHONPATH", str(TESTS))

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from attnbench.backend import Backend, Capabilities
-from attnbench.errors import NotSupported
-from attnbench.heads import repeat_kv
+from attnbench.core.backend import Backend, Capabilities
+from attnbench.core.errors import NotSupported
+from attnbench.core.heads import repeat_kv
 
 
 def _exact(case):

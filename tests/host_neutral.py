@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from attnbench.backend import Backend
+from attnbench.core.backend import Backend
+from attnbench.core.registry import all_backends
 from attnbench.implementations.flex import Flex
-from attnbench.registry import all_backends
 
 
 class EagerFlex(Flex):

@@ -8,11 +8,11 @@ import pytest
 import torch
 from allocation_spy import LargestTensor
 
-from attnbench.backend import DIFFERENT
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.backend import DIFFERENT
+from attnbench.core.case import Case
+from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.reference import case_reference
 from attnbench.implementations import additive as A
-from attnbench.reference import case_reference
 
 BACKEND = A.Additive()
 

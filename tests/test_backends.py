@@ -11,11 +11,11 @@ import torch
 from host_neutral import judged_backend
 
 import attnbench
-from attnbench import accuracy
-from attnbench.backend import EXACT
-from attnbench.case import Case, Inputs
-from attnbench.reference import case_reference
-from attnbench.registry import all_backends
+from attnbench.core import accuracy
+from attnbench.core.backend import EXACT
+from attnbench.core.case import Case, Inputs
+from attnbench.core.reference import case_reference
+from attnbench.core.registry import all_backends
 
 BACKENDS = sorted(all_backends())
 MASK_EXAMPLES = {"none": "none", "causal": "causal", "window": "window(3,2)",

@@ -5,9 +5,10 @@ import pytest
 import torch
 from allocation_spy import fresh_process_peaks, largest_allocation
 
-from attnbench.backend import APPROXIMATE
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.backend import APPROXIMATE
+from attnbench.core.case import Case
+from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.reference import case_reference
 from attnbench.implementations.block_sparse import (
     BlockSparse,
     block_plan,
@@ -15,7 +16,6 @@ from attnbench.implementations.block_sparse import (
     case_layout,
 )
 from attnbench.implementations.naive import Naive
-from attnbench.reference import case_reference
 
 BACKEND = BlockSparse()
 TIGHT = {"float32": (1e-5, 1e-4), "bfloat16": (TOLERANCE_OUT["bfloat16"],

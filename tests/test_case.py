@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from attnbench.case import Case
-from attnbench.masks import allowed_rows
+from attnbench.core.case import Case
+from attnbench.core.masks import allowed_rows
 
 
 def brute_pairs(case: Case) -> int:

@@ -1,10 +1,10 @@
-"""The run-wide cache of inputs and float64 references (attnbench.case_cache)."""
+"""The run-wide cache of inputs and float64 references (attnbench.measure.case_cache)."""
 
 import torch
 
-from attnbench.case import Case
-from attnbench.case_cache import CaseCache, inputs_key
-from attnbench.reference import case_reference
+from attnbench.core.case import Case
+from attnbench.core.reference import case_reference
+from attnbench.measure.case_cache import CaseCache, inputs_key
 
 SHAPE = dict(batch=1, heads_q=2, heads_kv=1, seq_q=24, seq_k=40, head_dim=8, head_dim_v=8)
 

@@ -48,8 +48,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench import records, render
-from attnbench.records import CSV, META, RECORDS, read_records
+from attnbench.reporting import document
+from attnbench.runs import record_files
+from attnbench.runs.record_files import CSV, META, RECORDS, read_records
 
 SUITE = """
 name = "chaos"
@@ -416,7 +417,7 @@ def _fail_rename(monkeypatch) -> None:
 
 def test_write_atomic_never_leaves_a_partial_target(tmp_path, monkeypatch):
     target = tmp_path / "meta.json"
-    records.write_atomic(target, "old\n")
+    record_files.write_atomic(target, "old\n")
     assert target.read_text() == "old\n" and not list(tmp_path.glob(".*.tmp"))
 
     real_write_text = Path.write_text
@@ -428,43 +429,43 @@ def test_write_atomic_never_leaves_a_partial_target(tmp_path, monkeypatch):
     with monkeypatch.context() as m:  # killed while writing the temporary file
         m.setattr(Path, "write_text", half_then_killed)
         with pytest.raises(Killed):
-            records.write_atomic(target, "new content\n" * 1000)
+            record_files.write_atomic(target, "new content\n" * 1000)
     assert target.read_text() == "old\n"
 
     with monkeypatch.context() as m:  # killed (failed) at the rename itself
         _fail_rename(m)
         with pytest.raises(OSError):
-            records.write_atomic(target, "new content\n" * 1000)
+            record_files.write_atomic(target, "new content\n" * 1000)
     assert target.read_text() == "old\n"
 
-    records.write_atomic(target, "new\n")  # a later write replaces it and its leftover
+    record_files.write_atomic(target, "new\n")  # a later write replaces it and its leftover
     assert target.read_text() == "new\n" and not list(tmp_path.glob(".*.tmp"))
 
 
 def test_meta_and_csv_are_written_by_atomic_rename(tmp_path, monkeypatch):
     rec = {"key": "k1", "backend": "naive", "status": "ok", "time_ms_median": 1.0}
     (tmp_path / RECORDS).write_text(json.dumps(rec) + "\n")
-    records.write_meta(tmp_path, {"run_id": "old"})
-    records.write_csv(tmp_path)
+    record_files.write_meta(tmp_path, {"run_id": "old"})
+    record_files.write_csv(tmp_path)
     before = {name: (tmp_path / name).read_bytes() for name in (META, CSV)}
     with (tmp_path / RECORDS).open("a") as fh:
         fh.write(json.dumps(rec | {"key": "k2"}) + "\n")
     _fail_rename(monkeypatch)
     with pytest.raises(OSError):
-        records.write_meta(tmp_path, {"run_id": "new"})
+        record_files.write_meta(tmp_path, {"run_id": "new"})
     with pytest.raises(OSError):
-        records.write_csv(tmp_path)
+        record_files.write_csv(tmp_path)
     assert {name: (tmp_path / name).read_bytes() for name in (META, CSV)} == before
-    assert records.read_meta(tmp_path) == {"run_id": "old"}
+    assert record_files.read_meta(tmp_path) == {"run_id": "old"}
     assert len(pd.read_csv(tmp_path / CSV)) == 1
 
 
 def test_report_pages_are_written_by_atomic_rename(tmp_path, monkeypatch):
-    render.write([render.Heading(1, "old"), render.Para(["old"])], tmp_path, "old")
+    document.write([document.Heading(1, "old"), document.Para(["old"])], tmp_path, "old")
     before = {name: (tmp_path / name).read_bytes() for name in ("index.md", "index.html")}
     _fail_rename(monkeypatch)
     with contextlib.suppress(OSError):
-        render.write([render.Heading(1, "new"), render.Para(["new"])], tmp_path, "new")
+        document.write([document.Heading(1, "new"), document.Para(["new"])], tmp_path, "new")
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
 
 
@@ -483,6 +484,6 @@ def test_cutting_a_torn_tail_when_killed_midway_keeps_every_complete_record(tmp_
     with monkeypatch.context() as m:
         m.setattr(Path, "write_bytes", lambda self, data: opened_then_killed(self, "wb"))
         with contextlib.suppress(Killed):
-            records.RecordWriter(tmp_path).close()
+            record_files.RecordWriter(tmp_path).close()
     assert path.read_text().startswith(complete)
     assert [r["key"] for r in read_records(tmp_path)] == ["k0", "k1", "k2"]

@@ -13,12 +13,12 @@ import torch
 from host_neutral import EagerFlex
 from torch.nn.attention.flex_attention import create_mask
 
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_OUT
+from attnbench.core.case import Case
+from attnbench.core.dtypes import TOLERANCE_OUT
+from attnbench.core.masks import allowed_rows
+from attnbench.core.reference import case_reference
+from attnbench.core.registry import get_backend
 from attnbench.implementations.flex import mask_mod_for
-from attnbench.masks import allowed_rows
-from attnbench.reference import case_reference
-from attnbench.registry import get_backend
 
 
 @pytest.mark.parametrize("mask", ["causal", "window(0,0)", "window(3,0)", "window(2,5)",

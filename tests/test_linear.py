@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from allocation_spy import LargestTensor
 
-from attnbench.backend import APPROXIMATE
-from attnbench.case import Case, Inputs
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.backend import APPROXIMATE
+from attnbench.core.case import Case, Inputs
+from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.reference import case_reference
 from attnbench.implementations import linear as L
-from attnbench.reference import case_reference
 
 BACKEND = L.Linear()
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from allocation_spy import LargestTensor
 
-from attnbench.accuracy import errors, tolerance
-from attnbench.backend import APPROXIMATE
-from attnbench.case import Case
+from attnbench.core.accuracy import errors, tolerance
+from attnbench.core.backend import APPROXIMATE
+from attnbench.core.case import Case
+from attnbench.core.reference import case_reference
 from attnbench.implementations import linformer as LF
-from attnbench.reference import case_reference
 
 BACKEND = LF.Linformer()
 

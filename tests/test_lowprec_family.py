@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 
-from attnbench.case import Case
+from attnbench.core.case import Case
+from attnbench.core.masks import allowed_rows
+from attnbench.core.reference import case_reference
 from attnbench.implementations.block_sparse import BlockSparse
 from attnbench.implementations.sliding_window import SlidingWindow
-from attnbench.masks import allowed_rows
-from attnbench.reference import case_reference
 
 NAMES = ("out", "dq", "dk", "dv")
 FACTOR = 2.0  # FlashAttention: error <= 2 x the eager same-dtype error ...

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.backend import EXACT
-from attnbench.errors import BadInput
-from attnbench.registry import all_backends
-from attnbench.suite import load_suite
+from attnbench.core.backend import EXACT
+from attnbench.core.errors import BadInput
+from attnbench.core.registry import all_backends
+from attnbench.runs.suite import load_suite
 
 SUITES = Path(__file__).parents[1] / "suites"
 TWO = """

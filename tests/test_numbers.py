@@ -10,13 +10,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench import metrics, stats, tables
-from attnbench.case import Case
-from attnbench.ceilings import copy_roof
-from attnbench.execute import CaseCache, execute, execute_group
-from attnbench.record import Record
-from attnbench.registry import all_backends
-from attnbench.timing import TimingBudget
+from attnbench.core import metrics
+from attnbench.core.case import Case
+from attnbench.core.record import Record
+from attnbench.core.registry import all_backends
+from attnbench.measure.ceilings import copy_roof
+from attnbench.measure.execute import CaseCache, execute, execute_group
+from attnbench.measure.timing import TimingBudget
+from attnbench.reporting import tables
+from attnbench.stats import intervals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +38,7 @@ def test_paired_rounds_recover_the_true_ratio_under_drift(fake_backends):
     Drift.restart()
     slow = execute(case, "fake_drift_slow", DRIFT_BUDGET, cache)
     fast = execute(case, "fake_drift_fast", DRIFT_BUDGET, cache)
-    sequential = stats.ratio_interval(slow.info["samples_ms"], fast.info["samples_ms"])
+    sequential = intervals.ratio_interval(slow.info["samples_ms"], fast.info["samples_ms"])
     assert not sequential.contains(2.0), sequential
 
     Drift.restart()
@@ -46,7 +48,7 @@ def test_paired_rounds_recover_the_true_ratio_under_drift(fake_backends):
     assert slow.info["pair_group"] == fast.info["pair_group"]
     a, b = slow.info["samples_ms"], fast.info["samples_ms"]
     assert len(a) == len(b) >= 12
-    paired = stats.paired_ratio_interval(a, b)
+    paired = intervals.paired_ratio_interval(a, b)
     assert paired.contains(2.0), paired
     assert paired.half_width_rel < 0.15  # and an informative one (the wobble is +-5%)
     assert max(a) / min(a) > 2  # the drift really was there during the paired rounds
@@ -92,7 +94,7 @@ def test_knob_sweep_gets_a_row_per_knob_value_in_every_table(tmp_path):
             assert len(table) == 2, (m.name, table)
             assert set(table.index.get_level_values("feature_map")) == {"elu", "favor"}
     # the plot draws one line per knob value too
-    from attnbench.plots import time_chart
+    from attnbench.reporting.plots import time_chart
 
     drawn = []
     import matplotlib.axes
@@ -133,7 +135,7 @@ def test_every_record_is_built_by_one_constructor_and_round_trips():
 
 def test_readme_lists_every_declared_metric():
     readme = (ROOT / "README.md").read_text()
-    assert metrics.markdown_table() in readme, "regenerate: python -m attnbench.metrics"
+    assert metrics.markdown_table() in readme, "regenerate: python -m attnbench.core.metrics"
 
 
 def test_compare_direction_comes_from_the_declarations():
@@ -186,9 +188,9 @@ def test_design_doc_is_in_the_repo_and_cited():
 def test_groups_are_timed_in_fresh_processes_and_pooled(fake_backends, write_suite, tmp_path):
     """processes = 2: each group is timed in a second, fresh worker too; the records pool
     both processes' samples (still round-aligned) and say so."""
-    from attnbench.records import read_records
-    from attnbench.runner import RunOptions, run_suite
-    from attnbench.suite import load_suite
+    from attnbench.runs.record_files import read_records
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
 
     path = write_suite('name = "p"\nbackends = ["fake_drift_slow", "fake_drift_fast"]\n'
                        "[timing]\nwarmup_s = 0.0\nbudget_s = 0.02\nmin_reps = 6\n"
@@ -202,13 +204,13 @@ def test_groups_are_timed_in_fresh_processes_and_pooled(fake_backends, write_sui
     assert slow["processes"] == fast["processes"] == 2
     assert slow["n_samples"] == fast["n_samples"] == 6  # 3 rounds in each process
     assert slow["pair_group"] == fast["pair_group"]
-    ratio = stats.paired_ratio_interval(slow["samples_ms"], fast["samples_ms"])
+    ratio = intervals.paired_ratio_interval(slow["samples_ms"], fast["samples_ms"])
     assert ratio.contains(2.0), ratio
 
 
 def test_shape_paired_comparisons_and_sided_claims_are_timed_together():
-    from attnbench.pairing import job_groups
-    from attnbench.suite import load_suite
+    from attnbench.runs.pairing import job_groups
+    from attnbench.runs.suite import load_suite
 
     suite = load_suite("family", sorted(all_backends()))
     groups = job_groups(suite.jobs(), suite.claims, suite.comparisons)
@@ -225,7 +227,7 @@ def test_a_column_the_lengths_determine_moves_along_the_line():
     a batch swept at each N still gets a line per value."""
     import pandas as pd
 
-    from attnbench.tables import line_columns, moving_caption
+    from attnbench.reporting.tables import line_columns, moving_caption
 
     rows = [dict(backend=b, dtype="bfloat16", mask="causal", mode="fwd", seq_q=n, seq_k=n,
                  batch=16384 // n, head_dim=d, heads_q=2048 // d)
@@ -253,7 +255,7 @@ def test_matmul_ceiling_is_the_best_rate_over_the_sizes_it_can_afford(monkeypatc
                                                                        tried, best):
     from types import SimpleNamespace
 
-    from attnbench import ceilings
+    from attnbench.measure import ceilings
 
     seen = []
 
@@ -281,7 +283,7 @@ def test_copy_roof_holds_a_record_to_the_copy_of_its_own_size():
 
 
 def test_interleaved_rounds_on_cpu_time_a_call_that_follows_its_own_untimed_call():
-    from attnbench.timing import measure_interleaved
+    from attnbench.measure.timing import measure_interleaved
 
     calls = []
     fns = [lambda i=i: calls.append(i) for i in range(3)]

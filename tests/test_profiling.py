@@ -8,12 +8,12 @@ import pytest
 import torch
 from test_cli import assert_bad_input
 
-from attnbench import profiling
-from attnbench.case import Case
-from attnbench.execute import CaseCache, execute_group, timing_columns
-from attnbench.record import OPTIONAL_COLUMNS
-from attnbench.report import build_report
-from attnbench.timing import TimingBudget
+from attnbench.core.case import Case
+from attnbench.core.record import OPTIONAL_COLUMNS
+from attnbench.measure import profiler
+from attnbench.measure.execute import CaseCache, execute_group, timing_columns
+from attnbench.measure.timing import TimingBudget
+from attnbench.reporting.report import build_report
 
 BUDGET = TimingBudget(warmup_s=0.001, budget_s=0.02, min_reps=3, max_reps=8)
 CASE = Case(batch=1, heads_q=2, heads_kv=2, seq_q=128, seq_k=128, head_dim=16, head_dim_v=16,
@@ -41,17 +41,17 @@ def naive_profiled(tmp_path_factory):
 def test_trace_loads_and_holds_the_backends_ops(naive_profiled):
     rec, run_dir = naive_profiled
     assert rec.status == "ok", rec.reason
-    trace = profiling.load_trace(run_dir / rec.info["profile_trace"])
+    trace = profiler.load_trace(run_dir / rec.info["profile_trace"])
     names = {e.get("name") for e in trace["traceEvents"]}
     # naive is matmul, mask, softmax, matmul: its ATen operators are in the trace, inside
     # the region named by the pair
     assert {"aten::bmm", "aten::_softmax"} <= names
-    assert profiling.range_name(CASE.key, "naive") in names
+    assert profiler.range_name(CASE.key, "naive") in names
 
 
 def test_kernel_table_adds_up(naive_profiled):
     rec, run_dir = naive_profiled
-    rows = profiling.read_table(run_dir / rec.info["profile_kernels"])
+    rows = profiler.read_table(run_dir / rec.info["profile_kernels"])
     assert rows and [r["self_ms"] for r in rows] == sorted((r["self_ms"] for r in rows),
                                                            reverse=True)
     total = sum(r["self_ms"] for r in rows)
@@ -63,7 +63,7 @@ def test_kernel_table_adds_up(naive_profiled):
     # self times of the operators inside the profiled region add up to its wall time
     assert total == pytest.approx(rec.info["profile_wall_ms"], rel=0.02)
     assert [t["name"] for t in rec.info["profile_top"]] == [
-        r["name"] for r in rows[:profiling.TOP_ROWS]]
+        r["name"] for r in rows[:profiler.TOP_ROWS]]
 
 
 def test_record_points_to_its_files(naive_profiled):
@@ -107,14 +107,14 @@ def test_cuda_kernel_table_attributes_the_work_to_a_dominant_kernel():
 
     events = [evt("flash_fwd_kernel", cuda, 950.0), evt("fill", cuda, 50.0, 2),
               evt("aten::sdpa", cpu, 0.0)]
-    rows = profiling.kernel_table(events, "cuda", median_ms=1.0, work_flops=2e12,
+    rows = profiler.kernel_table(events, "cuda", median_ms=1.0, work_flops=2e12,
                                   min_bytes=4e9)
     assert [r.name for r in rows] == ["flash_fwd_kernel", "fill"]
     assert rows[0].tflops == pytest.approx(2e12 / 0.95e-3 / 1e12)
     assert rows[0].gbps == pytest.approx(4e9 / 0.95e-3 / 1e9)
     assert rows[1].tflops is None and rows[1].share == pytest.approx(0.05)
     # no kernel dominates: nothing is attributed
-    split = profiling.kernel_table([evt("a", cuda, 500.0), evt("b", cuda, 500.0)], "cuda",
+    split = profiler.kernel_table([evt("a", cuda, 500.0), evt("b", cuda, 500.0)], "cuda",
                                    1.0, 2e12, 4e9)
     assert all(r.tflops is None and r.gbps is None for r in split)
 
@@ -123,7 +123,7 @@ def test_nvtx_is_a_no_op_on_cpu():
     def f():
         return 1
 
-    assert profiling.nvtx_wrapped(f, "x", "cpu") is f
+    assert profiler.nvtx_wrapped(f, "x", "cpu") is f
 
 
 def test_profile_command_writes_files_and_tool_lines(tmp_path, capsys, monkeypatch):
@@ -141,7 +141,7 @@ def test_profile_command_writes_files_and_tool_lines(tmp_path, capsys, monkeypat
     assert "-cuda-none-fwd-s0/sdpa" in out  # the range the GPU run will open
     rows = list(csv.DictReader(open(next((tmp_path / "res" / "p1").rglob("*.kernels.csv")))))
     assert rows and rows[0]["device"] == "cpu"
-    assert profiling.OUTSIDE_OPERATORS in {r["name"] for r in rows}
+    assert profiler.OUTSIDE_OPERATORS in {r["name"] for r in rows}
 
     report = build_report([tmp_path / "res" / "p1"], tmp_path / "rep")
     md = (report / "index.md").read_text()
@@ -174,12 +174,12 @@ def test_sessions_are_merged_per_operator_and_device():
                                self_cpu_time_total=self_us, cpu_time_total=2 * self_us,
                                self_device_time_total=0.0, device_time_total=0.0, flops=0)
 
-    merged = profiling.merged_events([[evt("aten::bmm", cpu, 10.0, 4), evt("k", cuda, 1.0)],
+    merged = profiler.merged_events([[evt("aten::bmm", cpu, 10.0, 4), evt("k", cuda, 1.0)],
                                       [evt("aten::bmm", cpu, 30.0, 4)]])
     bmm = next(m for m in merged if m.key == "aten::bmm")
     assert (bmm.count, bmm.self_cpu_time_total, bmm.cpu_time_total) == (8, 40.0, 80.0)
     assert len(merged) == 2  # the CUDA event stays its own row
-    rows = profiling.kernel_table(merged, "cpu", median_ms=0.02, n_calls=2)
+    rows = profiler.kernel_table(merged, "cpu", median_ms=0.02, n_calls=2)
     assert rows[0].calls == 4 and rows[0].self_ms == pytest.approx(0.02)
 
 
@@ -191,8 +191,8 @@ def test_sessions_are_merged_per_operator_and_device():
 def test_roofline_draws_the_in_cache_roof_beside_the_streaming_one(tmp_path, ladder, in_cache):
     import pandas as pd
 
-    from attnbench.plots import Palette
-    from attnbench.where_time import roofline_chart
+    from attnbench.reporting.plots import Palette
+    from attnbench.reporting.time_breakdown import roofline_chart
 
     df = pd.DataFrame([dict(status="ok", backend="sdpa", dtype="float32", tflops=0.5,
                             gbps=40.0)])

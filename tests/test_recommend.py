@@ -3,14 +3,14 @@ whose records are written through the record/records API."""
 
 import pytest
 
-from attnbench import stats
-from attnbench.case import Case
+from attnbench.analysis.recommend import parse_shape, recommend
 from attnbench.cli import main
-from attnbench.errors import BadInput
-from attnbench.recommend import parse_shape, recommend
-from attnbench.record import Record
-from attnbench.records import RecordWriter, load_results, write_meta
-from attnbench.suite import load_suite
+from attnbench.core.case import Case
+from attnbench.core.errors import BadInput
+from attnbench.core.record import Record
+from attnbench.runs.record_files import RecordWriter, load_results, write_meta
+from attnbench.runs.suite import load_suite
+from attnbench.stats import intervals
 
 STEPS = [1.0, 1.3, 0.9, 1.6, 1.1, 1.0, 1.4, 0.95]  # the machine drifting, round by round
 
@@ -22,7 +22,7 @@ def _case(n: int) -> Case:
 
 def _ok(case, backend, base_ms, factors, semantics="exact", group="g"):
     samples = [base_ms * s * f for s, f in zip(STEPS, factors)]
-    iv = stats.median_interval(samples)
+    iv = intervals.median_interval(samples)
     return Record.new(case, backend, "ok", time_ms_median=iv.estimate, time_ms_ci_low=iv.low,
                       time_ms_ci_high=iv.high, samples_ms=samples, pair_group=group,
                       semantics=semantics)
@@ -59,7 +59,7 @@ def test_choice_and_margin_at_the_nearest_length(run_dir):
     assert pick.device == "cpu" and pick.problem["seq_q"] == 2048  # 0.55 octave, not 1.45
     assert [r["backend"] for r in pick.ranked] == ["sdpa", "naive"]  # linear is not exact
     # naive over sdpa from the per-round ratios: drift shared by a round cancels
-    expected = stats.paired_ratio_interval(pick.ranked[1]["samples_ms"],
+    expected = intervals.paired_ratio_interval(pick.ranked[1]["samples_ms"],
                                            pick.ranked[0]["samples_ms"])
     assert pick.margin.interval == expected
     assert pick.margin.interval.estimate == pytest.approx(2.0, rel=0.03)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import attnbench
-from attnbench.masks import MaskSpec
-from attnbench.reference import chunk_rows, softmax_reference
+from attnbench.core.masks import MaskSpec
+from attnbench.core.reference import chunk_rows, softmax_reference
 
 
 def brute_force(q, k, v, allowed=None, scale=None):
@@ -110,7 +110,7 @@ def test_gradients_match_autograd_of_the_definition():
 
 
 def test_chunking_does_not_change_the_result():
-    from attnbench.reference import chunked_reference, softmax_rows
+    from attnbench.core.reference import chunked_reference, softmax_rows
 
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 2, 37, 8, dtype=torch.float64) for _ in range(3))
@@ -124,7 +124,7 @@ def test_chunking_does_not_change_the_result():
 
 PEAK_SCRIPT = """
 import torch, attnbench
-from attnbench.memory import peak_memory_bytes
+from attnbench.measure.memory import peak_memory_bytes
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 1, {n}, 16) for _ in range(3))
 print(peak_memory_bytes(lambda: attnbench.reference(q, k, v), "cpu"))

@@ -8,12 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench import comparisons, insights, ratios, runset, stats, tables
-from attnbench.case import Case
-from attnbench.errors import BadInput
-from attnbench.record import Record
-from attnbench.report import Report, build_report
-from attnbench.suite import load_suite
+from attnbench.core.case import Case
+from attnbench.core.errors import BadInput
+from attnbench.core.record import Record
+from attnbench.reporting import findings, tables
+from attnbench.reporting.report import Report, build_report
+from attnbench.runs import dataset
+from attnbench.runs.suite import declared_comparisons, load_suite
+from attnbench.stats import intervals, ratios
 
 SIZES = [256, 512, 1024, 2048, 4096, 8192]
 # Per-round jitter of each backend (medians stay exact: the middle two factors are 1.0).
@@ -43,7 +45,7 @@ def _row(run_id, backend, n, status="ok", reason="", time=None, mem=None, pair=T
     values = {"semantics": semantics}
     if time is not None:
         samples = [time * f for f in JITTER[backend]]
-        iv = stats.median_interval(samples)
+        iv = intervals.median_interval(samples)
         values |= {"time_ms_median": time, "time_ms_ci_low": iv.low, "time_ms_ci_high": iv.high,
                    "samples_ms": samples, "tflops": case.flops / (time * 1e-3) / 1e12,
                    "input_bytes": 3 * 2 * n * 64 * 4, "peak_mem_bytes": mem,
@@ -104,14 +106,14 @@ def write_run(root: Path, run_id="synth-run", device_name="Synthetic CPU", commi
 @pytest.fixture
 def synth(tmp_path):
     run = write_run(tmp_path)
-    report = Report(runset.load([run]), tmp_path / "rep")
+    report = Report(dataset.load([run]), tmp_path / "rep")
     return run, report
 
 
 def test_winners_with_margins_and_significance(synth):
     _, report = synth
     df = report.df
-    win = insights.winners(df, tables.line_columns(df)).set_index("N")
+    win = findings.winners(df, tables.line_columns(df)).set_index("N")
     default = win[win.get("feature_map", pd.Series("elu", index=win.index)) != "favor"]
     assert default.loc["256", "winner"] == "base" and default.loc["1024", "winner"] == "base"
     assert default.loc["2048", "winner"] == "fast" and default.loc["4096", "winner"] == "fast"
@@ -130,7 +132,7 @@ def test_crossovers_where_each_backend_overtakes_the_baseline(synth):
     _, report = synth
     (c, recs, sp), = report.planned
     assert c.name == "fast-vs-base" and c.pair == "shape"
-    cross = insights.crossovers(sp, tables.line_columns(recs), "base")
+    cross = findings.crossovers(sp, tables.line_columns(recs), "base")
     found = {(r["backend"], r.get("feature_map", "elu")): float(r["crossover N"][1:])
              for _, r in cross.iterrows()}
     # exact power laws cross at 1448, 3000 and 2000; the speedups are medians of per-round
@@ -146,7 +148,7 @@ def test_crossovers_where_each_backend_overtakes_the_baseline(synth):
 def test_exponents_of_time_and_memory(synth):
     _, report = synth
     fits = {(line["backend"], line.get("feature_map")): (t.exponent, t.r2, m.exponent)
-            for line, t, _, m in insights.exponent_fits(report.df,
+            for line, t, _, m in findings.exponent_fits(report.df,
                                                         tables.line_columns(report.df))}
     for key, (time_exp, memory_exp) in {("base", "elu"): (2, 2), ("fast", "elu"): (1, 1),
                                         ("lin", "elu"): (1, 1), ("lin", "favor"): (1, 1)}.items():
@@ -179,7 +181,7 @@ def test_report_files_statuses_and_escaping(synth, tmp_path):
 
 
 def test_time_chart_marks_every_point_that_is_not_ok(synth, tmp_path):
-    from attnbench import plots
+    from attnbench.reporting import plots
 
     _, report = synth
     df = report.df
@@ -192,7 +194,7 @@ def test_time_chart_marks_every_point_that_is_not_ok(synth, tmp_path):
 
 def test_undeclared_runs_are_compared_as_they_ran(tmp_path):
     run = write_run(tmp_path, declare=False)
-    report = Report(runset.load([run]), tmp_path / "rep")
+    report = Report(dataset.load([run]), tmp_path / "rep")
     (c, recs, sp), = report.planned
     assert not c.declared and c.baseline == "base" and c.pair == "case"
     assert set(c.backends) == {"fast", "lin", "other"}
@@ -207,7 +209,7 @@ def test_undeclared_runs_are_compared_as_they_ran(tmp_path):
 def test_several_runs_put_the_device_into_legends_and_tables(tmp_path):
     cpu = write_run(tmp_path, "cpu-run", "AMD EPYC")
     gpu = write_run(tmp_path, "gpu-run", "NVIDIA H200")
-    runs = runset.load([cpu, gpu])
+    runs = dataset.load([cpu, gpu])
     assert [r.label for r in runs] == ["AMD EPYC (avx512)", "NVIDIA H200 (avx512)"]
     out = build_report([cpu, gpu], tmp_path / "both")
     md = (out / "index.md").read_text()
@@ -218,13 +220,13 @@ def test_several_runs_put_the_device_into_legends_and_tables(tmp_path):
     # two commits on one machine: the commit tells them apart
     a = write_run(tmp_path / "c", "a", commit="1" * 40)
     b = write_run(tmp_path / "c", "b", commit="2" * 40)
-    assert runset.labels(runset.load([a, b])) == ["@1111111", "@2222222"]
+    assert dataset.labels(dataset.load([a, b])) == ["@1111111", "@2222222"]
 
 
 def test_a_declared_comparison_speaks_for_its_own_suite_only(tmp_path):
     mine = write_run(tmp_path, "mine")
     theirs = write_run(tmp_path, "theirs", "NVIDIA H200", declare=False, suite_name="other")
-    report = Report(runset.load([mine, theirs]), tmp_path / "rep")
+    report = Report(dataset.load([mine, theirs]), tmp_path / "rep")
     by_name = {c.name: recs for c, recs, _ in report.planned}
     assert set(by_name["fast-vs-base"]["run_id"]) == {"Synthetic CPU (avx512)"}
     inferred = [recs for c, recs, _ in report.planned if not c.declared]
@@ -267,13 +269,13 @@ def test_shipped_suites_declare_their_comparisons():
     assert (window.baseline, window.pair) == ("sdpa", "shape")
     assert window.baseline_where == {"mask": ["causal"]}
     assert window.backends_where == {"mask": ["window(255,0)"]}
-    declared, note = comparisons.declared_for({"suite": "family",
+    declared, note = declared_comparisons({"suite": "family",
                                                "suite_path": "suites/family.toml"})
     assert note == "" and "family-window-vs-causal" in {c.slug for c in declared}
 
 
 def test_published_index_lists_every_run_with_its_headline(tmp_path):
-    from attnbench.publish import build_index
+    from attnbench.reporting.publish import build_index
 
     write_run(tmp_path, "2026-12-01-synth-cpu", "AMD EPYC")
     write_run(tmp_path, "2026-12-02-synth-h200", "NVIDIA H200")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_report import write_run
 
-from attnbench.report import build_report
+from attnbench.reporting.report import build_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WIDTH = 1280

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnbench.cli import main
-from attnbench.errors import BadInput
-from attnbench.records import RECORDS, read_meta, read_records
-from attnbench.rundir import RunLock, new_run_dir, slug
-from attnbench.suite import AXIS_KEYS, TIMING_KEYS, TOP_KEYS, parse_suite
+from attnbench.core.errors import BadInput
+from attnbench.runs.record_files import RECORDS, read_meta, read_records
+from attnbench.runs.run_folder import RunLock, new_run_dir, slug
+from attnbench.runs.suite import AXIS_KEYS, TIMING_KEYS, TOP_KEYS, parse_suite
 
 TINY = """
 name = "tiny"
@@ -281,9 +281,9 @@ seq_len = [16, 256, 512]
 def test_fault_backends_cost_one_record_each(fake_backends, tmp_path, capfd, monkeypatch):
     import torch
 
-    from attnbench.registry import all_backends
-    from attnbench.runner import RunOptions, run_suite
-    from attnbench.suite import load_suite
+    from attnbench.core.registry import all_backends
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
 
     monkeypatch.setenv("FAKE_EXPECT_THREADS", str(torch.get_num_threads()))
     path = tmp_path / "faults.toml"
@@ -310,7 +310,7 @@ def test_fault_backends_cost_one_record_each(fake_backends, tmp_path, capfd, mon
 
 
 def test_dtypes_far_slower_than_float32_are_left_out_saying_why():
-    from attnbench.runner import slow_dtypes
+    from attnbench.runs.runner import slow_dtypes
 
     ceilings = {"matmul_tflops": {"float32": 0.2, "bfloat16": 0.0024}}  # an AVX2 host
     slow = slow_dtypes(ceilings, 8)
@@ -336,9 +336,9 @@ def test_check_determinism_records_bit_identity(fake_backends, tiny, tmp_path):
 
 
 def test_a_lost_cuda_context_gets_a_fresh_worker(fake_backends, tmp_path):
-    from attnbench.registry import all_backends
-    from attnbench.runner import RunOptions, run_suite
-    from attnbench.suite import load_suite
+    from attnbench.core.registry import all_backends
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
 
     path = tmp_path / "ctx.toml"
     path.write_text(TINY.replace('backends = ["naive", "sdpa"]',

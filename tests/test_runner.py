@@ -5,9 +5,9 @@ import json
 import pytest
 
 from attnbench import load_results
-from attnbench.records import RECORDS, STATUSES, read_records
-from attnbench.runner import RunOptions, run_suite
-from attnbench.suite import load_suite
+from attnbench.runs.record_files import RECORDS, STATUSES, read_records
+from attnbench.runs.runner import RunOptions, run_suite
+from attnbench.runs.suite import load_suite
 
 SUITE = """
 name = "statuses"
@@ -43,7 +43,7 @@ def plugins():
 
     from conftest import TESTS
 
-    from attnbench.registry import all_backends
+    from attnbench.core.registry import all_backends
 
     old = {k: os.environ.get(k) for k in ("ATTNBENCH_PLUGINS", "PYTHONPATH")}
     os.environ["ATTNBENCH_PLUGINS"] = "fake_backends"
@@ -67,7 +67,7 @@ def suite_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def status_run(plugins, suite_path, tmp_path_factory):
-    from attnbench.registry import all_backends
+    from attnbench.core.registry import all_backends
 
     suite = load_suite(str(suite_path), sorted(all_backends()))
     return run_suite(suite, "cpu", RunOptions(out=tmp_path_factory.mktemp("results"),
@@ -142,7 +142,7 @@ def test_jsonl_round_trip_and_load_results(status_run):
 
 
 def test_resume_skips_recorded_jobs_and_tolerates_a_torn_line(status_run, suite_path):
-    from attnbench.registry import all_backends
+    from attnbench.core.registry import all_backends
 
     path = status_run / RECORDS
     lines = path.read_text().splitlines()
@@ -157,8 +157,8 @@ def test_resume_skips_recorded_jobs_and_tolerates_a_torn_line(status_run, suite_
 
 
 def test_existing_run_is_not_overwritten(status_run, suite_path):
-    from attnbench.errors import BadInput
-    from attnbench.registry import all_backends
+    from attnbench.core.errors import BadInput
+    from attnbench.core.registry import all_backends
 
     before = (status_run / RECORDS).read_text()
     suite = load_suite(str(suite_path), sorted(all_backends()))

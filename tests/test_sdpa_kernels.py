@@ -7,20 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
-from attnbench.errors import NotSupported
-from attnbench.execute import CaseCache, execute
+from attnbench.core.case import Case
+from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.errors import NotSupported
+from attnbench.core.reference import case_reference
+from attnbench.core.registry import get_backend
 from attnbench.implementations.sdpa import kernel_from_ops
-from attnbench.implementations.sdpa_kernels import (
-    KERNEL_LIMITS,
-    SdpaKernel,
-    _Pin,
-    condense_refusal,
-)
-from attnbench.reference import case_reference
-from attnbench.registry import get_backend
-from attnbench.timing import TimingBudget
+from attnbench.implementations.sdpa_kernels import KERNEL_LIMITS, SdpaKernel, _Pin, condense_refusal
+from attnbench.measure.execute import CaseCache, execute
+from attnbench.measure.timing import TimingBudget
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from attnbench import cli, rankdirs, records, runset
-from attnbench.pairing import job_groups
-from attnbench.report import build_report
-from attnbench.sharding import Shard, assign
-from attnbench.suite import load_suite
+from attnbench import cli
+from attnbench.reporting.report import build_report
+from attnbench.runs import dataset, rank_folders, record_files
+from attnbench.runs.pairing import job_groups
+from attnbench.runs.sharding import Shard, assign
+from attnbench.runs.suite import load_suite
 
 TESTS = Path(__file__).resolve().parent
 SUITE = """
@@ -66,7 +67,7 @@ def torchrun(suite: Path, out: Path, run_id: str, **env) -> subprocess.Completed
 
 def raw_pairs(run_dir: Path) -> list[tuple[str, str]]:
     """Every line of records.jsonl as (key, backend): duplicates stay visible."""
-    lines = (run_dir / records.RECORDS).read_text().splitlines()
+    lines = (run_dir / record_files.RECORDS).read_text().splitlines()
     return [(r["key"], r["backend"]) for r in map(json.loads, lines)]
 
 
@@ -81,7 +82,7 @@ def work(tmp_path_factory):
             mp.setenv(k, v)
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             mp.delenv(k, raising=False)
-        from attnbench.registry import all_backends
+        from attnbench.core.registry import all_backends
         all_backends(refresh=True)
         assert cli.main(["run", "--suite", str(suite), "--out", str(root / "results"),
                          "--run-id", "single", *QUIET]) == 0
@@ -130,28 +131,29 @@ def test_two_ranks_record_exactly_the_pairs_of_one_process(work):
     pairs = raw_pairs(run)
     assert len(work["pairs"]) == 8
     assert Counter(pairs) == Counter(work["pairs"])  # the same pairs, each once
-    rows = records.read_records(run)
+    rows = record_files.read_records(run)
     assert {r["status"] for r in rows} == {"ok"}
     assert {r["rank"] for r in rows} == {0, 1}  # both ranks measured
     by_group: dict = {}
     for r in rows:  # the pairs timed together were measured by one rank
         by_group.setdefault(r["pair_group"], set()).add(r["rank"])
     assert all(len(ranks) == 1 for ranks in by_group.values())
-    meta = json.loads((run / records.META).read_text())
+    meta = json.loads((run / record_files.META).read_text())
     ranks = meta["ranks"]
     assert sorted(e["rank"] for e in ranks) == [0, 1]
     assert all(e["environment"]["threads"] == 1 and e["ceilings"]["matmul_tflops"]
                for e in ranks)  # 2 cores // 2 local ranks; each measured its own ceilings
     assert ranks[0]["cpu_affinity"] != ranks[1]["cpu_affinity"]
-    assert meta["ended"] and not rankdirs.pending(run) and not (run / rankdirs.RANKS).exists()
-    assert len(records.load_results(run / records.CSV)) == 8
+    assert meta["ended"] and not rank_folders.pending(run)
+    assert not (run / rank_folders.RANKS).exists()
+    assert len(record_files.load_results(run / record_files.CSV)) == 8
 
 
 def test_a_killed_rank_loses_only_its_group_in_flight_and_one_rank_resumes(work):
     done = torchrun(work["suite"], work["out"], "killed", FAKE_KILL_RANK="1")
     assert done.returncode != 0, "rank 1 should have been killed"
     run = work["out"] / "killed"
-    kept = [json.loads(x) for x in (rankdirs.folder(run, 1) / records.RECORDS)
+    kept = [json.loads(x) for x in (rank_folders.folder(run, 1) / record_files.RECORDS)
             .read_text().splitlines()]
     assert len(kept) == 2 and len({r["pair_group"] for r in kept}) == 1  # its first group
 
@@ -159,25 +161,25 @@ def test_a_killed_rank_loses_only_its_group_in_flight_and_one_rank_resumes(work)
                      "--no-progress"]) == 0  # one rank, no torchrun
     pairs = raw_pairs(run)
     assert Counter(pairs) == Counter(work["pairs"])
-    rows = {(r["key"], r["backend"]): r for r in records.read_records(run)}
+    rows = {(r["key"], r["backend"]): r for r in record_files.read_records(run)}
     for r in kept:  # measured once, by the rank that died, and kept
         assert rows[(r["key"], r["backend"])]["recorded_at"] == r["recorded_at"]
         assert rows[(r["key"], r["backend"])]["rank"] == 1
-    assert not rankdirs.pending(run)
-    assert {e["rank"] for e in json.loads((run / records.META).read_text())["ranks"]} <= {0, 1}
+    assert not rank_folders.pending(run)
+    assert {e["rank"] for e in json.loads((run / record_files.META).read_text())["ranks"]} <= {0, 1}
 
 
 def _as_other_machine(src: Path, dst: Path) -> Path:
     """A copy of a run relabelled as measured on another device (there is one here)."""
     shutil.copytree(src, dst)
-    meta = json.loads((dst / records.META).read_text())
+    meta = json.loads((dst / record_files.META).read_text())
     meta["run_id"] = dst.name
     meta["environment"] |= {"device": "cuda", "device_name": STAND_IN, "cuda": "12.8"}
     meta["environment_id"] = "standin00000"
-    (dst / records.META).write_text(json.dumps(meta))
+    (dst / record_files.META).write_text(json.dumps(meta))
     rows = [json.loads(x) | {"run_id": dst.name, "env_device_name": STAND_IN}
-            for x in (dst / records.RECORDS).read_text().splitlines()]
-    (dst / records.RECORDS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+            for x in (dst / record_files.RECORDS).read_text().splitlines()]
+    (dst / record_files.RECORDS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return dst
 
 
@@ -185,9 +187,9 @@ def test_merged_runs_keep_their_environments_in_report_and_compare(work, capsys)
     other = _as_other_machine(work["single"], work["root"] / "elsewhere")
     out = work["root"] / "merged"
     assert cli.main(["merge", str(work["single"]), str(other), "--out", str(out)]) == 0
-    rows = records.read_records(out)
+    rows = record_files.read_records(out)
     assert len(rows) == 16 and {r["run_id"] for r in rows} == {"single", "elsewhere"}
-    runs = runset.load([out])
+    runs = dataset.load([out])
     assert [r.run_id for r in runs] == ["single", "elsewhere"]
     assert STAND_IN in runs[1].label and runs[0].device in runs[0].label
 
@@ -203,15 +205,15 @@ def test_merged_runs_keep_their_environments_in_report_and_compare(work, capsys)
     # the same run twice counts once
     again = work["root"] / "again"
     assert cli.main(["merge", str(out), str(work["single"]), "--out", str(again)]) == 0
-    assert len(records.read_records(again)) == 16
+    assert len(record_files.read_records(again)) == 16
 
 
 def test_merge_refuses_bad_input_in_one_line(work, capsys, tmp_path):
     twin = tmp_path / "twin"
     shutil.copytree(work["single"], twin)
-    rows = [json.loads(x) for x in (twin / records.RECORDS).read_text().splitlines()]
+    rows = [json.loads(x) for x in (twin / record_files.RECORDS).read_text().splitlines()]
     rows[0]["time_ms_median"] = 123.0  # one run's copy disagrees with the other
-    (twin / records.RECORDS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (twin / record_files.RECORDS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "empty").mkdir()
     cases = [
         ([str(tmp_path / "nowhere")], "no such run directory"),
@@ -243,19 +245,19 @@ def test_fold_done_again_after_a_kill_adds_nothing_twice(work, tmp_path):
     rank folders is simply done again at the next start."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / records.META).write_text(json.dumps({"run_id": "run"}))
-    rows = [json.loads(x) for x in (work["single"] / records.RECORDS).read_text().splitlines()]
+    (run / record_files.META).write_text(json.dumps({"run_id": "run"}))
+    rows = [json.loads(x) for x in (work["single"] / record_files.RECORDS).read_text().splitlines()]
     for rank, part in ((0, rows[:5]), (1, rows[5:])):
-        d = rankdirs.folder(run, rank)
+        d = rank_folders.folder(run, rank)
         text = "".join(json.dumps(r) + "\n" for r in part)
-        (d / records.RECORDS).write_text(text + ('{"torn' if rank else ""))  # killed mid-line
-        (d / rankdirs.RANK_META).write_text(json.dumps({"rank": rank, "started": "t0"}))
-    shutil.copytree(run / rankdirs.RANKS, tmp_path / "left")
-    assert rankdirs.fold(run) == len(rows)
-    shutil.copytree(tmp_path / "left", run / rankdirs.RANKS)  # as if killed before removal
-    assert rankdirs.fold(run) == 0
+        (d / record_files.RECORDS).write_text(text + ('{"torn' if rank else ""))  # killed mid-line
+        (d / rank_folders.RANK_META).write_text(json.dumps({"rank": rank, "started": "t0"}))
+    shutil.copytree(run / rank_folders.RANKS, tmp_path / "left")
+    assert rank_folders.fold(run) == len(rows)
+    shutil.copytree(tmp_path / "left", run / rank_folders.RANKS)  # as if killed before removal
+    assert rank_folders.fold(run) == 0
     assert Counter(raw_pairs(run)) == Counter(work["pairs"])
-    assert [r["rank"] for r in map(json.loads, (run / records.RECORDS).read_text()
+    assert [r["rank"] for r in map(json.loads, (run / record_files.RECORDS).read_text()
                                    .splitlines())].count(1) == len(rows) - 5
-    assert [e["rank"] for e in json.loads((run / records.META).read_text())["ranks"]] == [0, 1]
-    assert not (run / rankdirs.RANKS).exists()
+    assert [e["rank"] for e in json.loads((run / record_files.META).read_text())["ranks"]] == [0, 1]
+    assert not (run / rank_folders.RANKS).exists()

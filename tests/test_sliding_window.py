@@ -5,15 +5,15 @@ import pytest
 import torch
 from allocation_spy import fresh_process_peaks, largest_allocation
 
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.case import Case
+from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.reference import case_reference
 from attnbench.implementations.sliding_window import (
     SlidingWindow,
     sliding_window_attention,
     window_bias,
     window_plan,
 )
-from attnbench.reference import case_reference
 
 BACKEND = SlidingWindow()
 # fp32 is held much tighter than the runner's tolerance; bf16 uses the runner's.

@@ -10,13 +10,13 @@ import pytest
 import torch
 from host_neutral import EagerFlex
 
-from attnbench import block_layouts
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core import block_layouts
+from attnbench.core.case import Case
+from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.masks import allowed_rows
+from attnbench.core.reference import case_reference
 from attnbench.implementations.block_sparse import BlockSparse, block_plan
 from attnbench.implementations.naive import Naive
-from attnbench.masks import allowed_rows
-from attnbench.reference import case_reference
 
 
 def token_longformer(nq, nk, w, g):

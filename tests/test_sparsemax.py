@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
-from attnbench.accuracy import errors, tolerance
-from attnbench.backend import DIFFERENT
-from attnbench.case import Case, Inputs
-from attnbench.dtypes import TOLERANCE_OUT
-from attnbench.execute import CaseCache, execute
+from attnbench.core.accuracy import errors, tolerance
+from attnbench.core.backend import DIFFERENT
+from attnbench.core.case import Case, Inputs
+from attnbench.core.dtypes import TOLERANCE_OUT
 from attnbench.implementations import sparsemax as SM
-from attnbench.timing import TimingBudget
+from attnbench.measure.execute import CaseCache, execute
+from attnbench.measure.timing import TimingBudget
 
 BACKEND = SM.Sparsemax()
 FUNCTIONS = {"sorted": SM.sparsemax_sorted, "bisect": SM.sparsemax_bisect,

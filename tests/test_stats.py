@@ -1,5 +1,5 @@
-"""attnbench.stats: intervals, tests and verdicts, checked against hand-computed numbers and
-seeded simulations (no timing involved)."""
+"""attnbench.stats.intervals: intervals, tests and verdicts, checked against hand-computed
+numbers and seeded simulations (no timing involved)."""
 
 import math
 
@@ -8,23 +8,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbench import stats
-from attnbench.stats import Interval
+from attnbench.stats import intervals
+from attnbench.stats.intervals import Interval
 
 # ---------------------------------------------------------------- median interval
 
 
 def test_median_ranks_n10_by_hand():
     # P(2 <= B <= 8), B ~ Bin(10, 1/2) = 1 - 2 * (1 + 10) / 1024
-    assert stats.median_ranks(10, 0.95) == (2, 9, pytest.approx(1 - 22 / 1024))
+    assert intervals.median_ranks(10, 0.95) == (2, 9, pytest.approx(1 - 22 / 1024))
     assert 1 - 22 / 1024 == pytest.approx(0.9785, abs=1e-4)
     # the next narrower pair (3, 8) covers only 1 - 2 * 56 / 1024 < 0.95
-    assert stats.median_rank_coverage(10, 3) == pytest.approx(1 - 112 / 1024)
+    assert intervals.median_rank_coverage(10, 3) == pytest.approx(1 - 112 / 1024)
 
 
 def test_median_interval_of_known_samples_uses_ranks_2_and_9():
     samples = [7.0, 3.0, 10.0, 1.0, 5.0, 9.0, 2.0, 8.0, 4.0, 6.0]  # 1..10 shuffled
-    iv = stats.median_interval(samples)
+    iv = intervals.median_interval(samples)
     assert (iv.low, iv.estimate, iv.high) == (2.0, 5.5, 9.0)
     assert iv.confidence == pytest.approx(0.978515625)
     assert iv.n == 10 and iv.method == "order-statistics"
@@ -32,49 +32,49 @@ def test_median_interval_of_known_samples_uses_ranks_2_and_9():
 
 def test_median_interval_n20_and_lower_confidence():
     x = np.arange(1.0, 21.0)
-    iv = stats.median_interval(x)  # k = 6: 1 - 2 * P(B <= 5), B ~ Bin(20, 1/2)
+    iv = intervals.median_interval(x)  # k = 6: 1 - 2 * P(B <= 5), B ~ Bin(20, 1/2)
     assert (iv.low, iv.high) == (6.0, 15.0)
     assert iv.confidence == pytest.approx(1 - 2 * 21700 / 2**20)
-    narrow = stats.median_interval(x, confidence=0.8)
+    narrow = intervals.median_interval(x, confidence=0.8)
     assert narrow.low > iv.low and narrow.high < iv.high and narrow.confidence >= 0.8
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_small_n_gives_range_and_reduced_confidence(n):
     x = np.linspace(1.0, 2.0, n)[::-1]
-    iv = stats.median_interval(x)
+    iv = intervals.median_interval(x)
     assert (iv.low, iv.high) == (1.0, 2.0)
     assert iv.confidence == pytest.approx(1 - 2 * 0.5**n) and iv.confidence < 0.95
 
 
 def test_six_samples_reach_95_percent_with_the_range():
-    iv = stats.median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0])
+    iv = intervals.median_interval([3.0, 1.0, 2.0, 6.0, 5.0, 4.0])
     assert (iv.low, iv.high) == (1.0, 6.0)
     assert iv.confidence == pytest.approx(1 - 2 / 64) and iv.confidence >= 0.95
 
 
 def test_single_sample_says_nothing():
-    iv = stats.median_interval([4.0])
+    iv = intervals.median_interval([4.0])
     assert (iv.low, iv.estimate, iv.high, iv.n) == (4.0, 4.0, 4.0, 1)
     assert iv.confidence == 0.0
     assert iv.half_width_rel == math.inf
-    assert stats.interval_verdict(iv, 3.0, 5.0) == "inconclusive"
+    assert intervals.interval_verdict(iv, 3.0, 5.0) == "inconclusive"
 
 
 def test_median_interval_rejects_bad_input():
     with pytest.raises(ValueError):
-        stats.median_interval([])
+        intervals.median_interval([])
     with pytest.raises(ValueError):
-        stats.median_interval([1.0, float("nan")])
+        intervals.median_interval([1.0, float("nan")])
     with pytest.raises(ValueError):
-        stats.median_interval([1.0, 2.0], confidence=1.0)
+        intervals.median_interval([1.0, 2.0], confidence=1.0)
 
 
 def test_median_interval_coverage_simulation():
     rng = np.random.default_rng(12345)
     true_median = 3.0  # median of lognormal(log 3, s) is 3
     draws = rng.lognormal(mean=math.log(true_median), sigma=0.5, size=(1000, 20))
-    hits = sum(stats.median_interval(row).contains(true_median) for row in draws)
+    hits = sum(intervals.median_interval(row).contains(true_median) for row in draws)
     # exact coverage for n = 20 is 0.9586; the interval is not trivially wide either
     assert 930 <= hits <= 985, hits
 
@@ -83,7 +83,7 @@ def test_median_interval_coverage_simulation():
 @given(st.lists(st.floats(0.01, 1e3), min_size=1, max_size=60),
        st.sampled_from([0.5, 0.9, 0.95, 0.99]))
 def test_median_interval_properties(xs, confidence):
-    iv = stats.median_interval(xs, confidence)
+    iv = intervals.median_interval(xs, confidence)
     assert min(xs) <= iv.low <= iv.estimate <= iv.high <= max(xs)
     assert iv.n == len(xs)
     full = 1 - 2 * 0.5 ** len(xs)
@@ -116,29 +116,29 @@ def _drift_rounds(n=30, seed=7):
 
 def test_paired_ratio_cancels_drift_that_unpaired_does_not():
     a, b = _drift_rounds()
-    paired = stats.paired_ratio_interval(a, b)
+    paired = intervals.paired_ratio_interval(a, b)
     assert paired.contains(2.0), paired
     assert paired.half_width_rel < 0.05
     assert paired.method == "paired-order-statistics" and paired.n == 30
     assert paired.estimate == pytest.approx(np.median(a / b))
     # a timed early (fast machine) against b timed late (slow machine): reads ~1.2, not 2
     half = len(a) // 2
-    unpaired = stats.ratio_interval(a[:half], b[half:])
+    unpaired = intervals.ratio_interval(a[:half], b[half:])
     assert not unpaired.contains(2.0), unpaired
     assert unpaired.high < 1.6
 
 
 def test_paired_ratio_validates_lengths():
     with pytest.raises(ValueError):
-        stats.paired_ratio_interval([1.0, 2.0], [1.0])
+        intervals.paired_ratio_interval([1.0, 2.0], [1.0])
     with pytest.raises(ValueError):
-        stats.paired_ratio_interval([], [])
+        intervals.paired_ratio_interval([], [])
     with pytest.raises(ValueError):
-        stats.paired_ratio_interval([1.0], [0.0])
+        intervals.paired_ratio_interval([1.0], [0.0])
 
 
 def test_paired_ratio_small_n_uses_range_of_ratios():
-    iv = stats.paired_ratio_interval([2.0, 4.0, 9.0], [1.0, 2.0, 3.0])  # ratios 2, 2, 3
+    iv = intervals.paired_ratio_interval([2.0, 4.0, 9.0], [1.0, 2.0, 3.0])  # ratios 2, 2, 3
     assert (iv.low, iv.estimate, iv.high) == (2.0, 2.0, 3.0)
     assert iv.confidence == pytest.approx(0.75)
 
@@ -147,35 +147,35 @@ def test_ratio_interval_is_seeded_and_sensible():
     rng = np.random.default_rng(3)
     a = 1.5 * rng.lognormal(0.0, 0.1, 100)
     b = rng.lognormal(0.0, 0.1, 100)
-    iv = stats.ratio_interval(a, b)
-    assert iv == stats.ratio_interval(a, b)  # same seed, same interval
+    iv = intervals.ratio_interval(a, b)
+    assert iv == intervals.ratio_interval(a, b)  # same seed, same interval
     assert iv.estimate == pytest.approx(np.median(a) / np.median(b))
     assert iv.low < iv.estimate < iv.high and iv.contains(1.5)
     assert iv.half_width_rel < 0.1
     assert (iv.confidence, iv.n, iv.method) == (0.95, 100, "bootstrap")
-    other = stats.ratio_interval(a, b, seed=1)
+    other = intervals.ratio_interval(a, b, seed=1)
     assert other.estimate == iv.estimate and (other.low, other.high) != (iv.low, iv.high)
-    wide = stats.ratio_interval(a, b, confidence=0.99)
+    wide = intervals.ratio_interval(a, b, confidence=0.99)
     assert wide.low <= iv.low and wide.high >= iv.high
 
 
 def test_ratio_interval_single_sample_side_has_no_confidence():
-    iv = stats.ratio_interval([4.0], [1.0, 2.0, 3.0])
+    iv = intervals.ratio_interval([4.0], [1.0, 2.0, 3.0])
     assert (iv.estimate, iv.low, iv.high, iv.confidence, iv.n) == (2.0, 2.0, 2.0, 0.0, 1)
     with pytest.raises(ValueError):
-        stats.ratio_interval([1.0], [])
+        intervals.ratio_interval([1.0], [])
 
 
 # ---------------------------------------------------------------- Mann-Whitney
 
 
 def test_mann_whitney():
-    assert stats.mann_whitney([1.0], [2.0, 3.0]) == 1.0
-    assert stats.mann_whitney([2.0, 2.0, 2.0], [2.0, 2.0]) == 1.0
+    assert intervals.mann_whitney([1.0], [2.0, 3.0]) == 1.0
+    assert intervals.mann_whitney([2.0, 2.0, 2.0], [2.0, 2.0]) == 1.0
     # complete separation, 2 vs 2: exact two-sided p = 2 / C(4, 2)
-    assert stats.mann_whitney([1.0, 2.0], [3.0, 4.0]) == pytest.approx(1 / 3)
+    assert intervals.mann_whitney([1.0, 2.0], [3.0, 4.0]) == pytest.approx(1 / 3)
     # complete separation, 5 vs 5: 2 / C(10, 5)
-    assert stats.mann_whitney(np.arange(5.0), np.arange(5.0) + 10) == pytest.approx(2 / 252)
+    assert intervals.mann_whitney(np.arange(5.0), np.arange(5.0) + 10) == pytest.approx(2 / 252)
 
 
 # ---------------------------------------------------------------- verdicts
@@ -196,13 +196,13 @@ def test_mann_whitney():
 ])
 def test_interval_verdict(low, high, expected):
     iv = Interval(2.0, 1.9, 2.1, 0.95, 20, "order-statistics")
-    assert stats.interval_verdict(iv, low, high) == expected
+    assert intervals.interval_verdict(iv, low, high) == expected
 
 
 def test_exact_point_verdicts():
     point = Interval(3.0, 3.0, 3.0, 1.0, 1, "point")  # e.g. a memory ratio, no noise
-    assert stats.interval_verdict(point, 2.0, 4.0) == "holds"
-    assert stats.interval_verdict(point, 3.5, None) == "does not hold"
+    assert intervals.interval_verdict(point, 2.0, 4.0) == "holds"
+    assert intervals.interval_verdict(point, 3.5, None) == "does not hold"
 
 
 # ---------------------------------------------------------------- compare_samples
@@ -215,28 +215,28 @@ def _timings(rng, n, scale):
 def test_compare_clear_slowdown_is_worse():
     rng = np.random.default_rng(11)
     base, new = _timings(rng, 30, 1.0), _timings(rng, 30, 1.3)
-    verdict, iv, p = stats.compare_samples(base, new, threshold=0.1, lower_is_better=True)
+    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=True)
     assert verdict == "worse" and p < 1e-6
     assert iv.contains(1.3) and iv.low > 1.1
     # the same change in a higher-is-better metric (e.g. throughput) is an improvement
-    verdict, _, _ = stats.compare_samples(base, new, threshold=0.1, lower_is_better=False)
+    verdict, _, _ = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=False)
     assert verdict == "better"
     # and the reverse direction
-    assert stats.compare_samples(new, base, 0.1, lower_is_better=True)[0] == "better"
-    assert stats.compare_samples(new, base, 0.1, lower_is_better=False)[0] == "worse"
+    assert intervals.compare_samples(new, base, 0.1, lower_is_better=True)[0] == "better"
+    assert intervals.compare_samples(new, base, 0.1, lower_is_better=False)[0] == "worse"
 
 
 def test_compare_identical_distributions_is_unchanged():
     rng = np.random.default_rng(5)
     base, new = _timings(rng, 30, 1.0), _timings(rng, 30, 1.0)
-    verdict, iv, p = stats.compare_samples(base, new, threshold=0.05, lower_is_better=True)
+    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.05, lower_is_better=True)
     assert verdict == "unchanged" and p > 0.05 and iv.contains(1.0)
 
 
 def test_compare_two_samples_cannot_be_significant():
     rng = np.random.default_rng(11)
     base, new = _timings(rng, 2, 1.0), _timings(rng, 2, 1.3)
-    verdict, iv, p = stats.compare_samples(base, new, threshold=0.1, lower_is_better=True)
+    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=True)
     assert verdict == "unchanged" and p >= 1 / 3 and iv.estimate > 1.1
 
 
@@ -244,6 +244,6 @@ def test_compare_significant_but_below_threshold_is_unchanged():
     rng = np.random.default_rng(2)
     base = 1.00 * rng.lognormal(0.0, 0.005, 50)
     new = 1.03 * rng.lognormal(0.0, 0.005, 50)
-    verdict, iv, p = stats.compare_samples(base, new, threshold=0.1, lower_is_better=True)
+    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=True)
     assert p < 1e-6 and iv.estimate == pytest.approx(1.03, abs=0.01)
     assert verdict == "unchanged"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from attnbench.errors import BadInput
-from attnbench.suite import load_suite
+from attnbench.core.errors import BadInput
+from attnbench.runs.suite import load_suite
 
 KNOWN = ["naive", "sdpa"]
 GOOD = """
@@ -120,7 +120,7 @@ def test_malformed_toml_and_missing_file(write_suite, tmp_path):
 def test_shipped_suites_are_valid():
     from pathlib import Path
 
-    from attnbench.registry import all_backends
+    from attnbench.core.registry import all_backends
 
     for path in sorted((Path(__file__).parents[1] / "suites").glob("*.toml")):
         suite = load_suite(str(path), sorted(all_backends()))
@@ -130,7 +130,7 @@ def test_shipped_suites_are_valid():
 def test_claims_are_validated_and_evaluated_from_records(write_suite):
     import pandas as pd
 
-    from attnbench.claims import claims_table
+    from attnbench.analysis.claims import claims_table
 
     text = GOOD + """
 [[claim]]

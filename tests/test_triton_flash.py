@@ -34,10 +34,10 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from attnbench.case import Case, Inputs  # noqa: E402
-from attnbench.masks import MaskSpec  # noqa: E402
-from attnbench.reference import case_reference  # noqa: E402
-from attnbench.registry import get_backend  # noqa: E402
+from attnbench.core.case import Case, Inputs  # noqa: E402
+from attnbench.core.masks import MaskSpec  # noqa: E402
+from attnbench.core.reference import case_reference  # noqa: E402
+from attnbench.core.registry import get_backend  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 if ON_GPU and not torch.cuda.is_available():
@@ -271,8 +271,8 @@ def test_public_attention_is_differentiable():
 
 
 def test_runner_records_ok_with_kernel_extras():
-    from attnbench.execute import CaseCache, execute
-    from attnbench.timing import TimingBudget
+    from attnbench.measure.execute import CaseCache, execute
+    from attnbench.measure.timing import TimingBudget
 
     case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=17, seq_k=17, head_dim=16, head_dim_v=16,
                 device=DEVICE, mask="causal", mode="bwd")
@@ -355,8 +355,8 @@ def test_kernels_compile_for_hopper_without_a_gpu():
 def test_records_carry_config_and_compiled_metadata(tmp_path):
     """triton_config always; triton_compiled from the GPU binary, or, under the interpreter,
     from a compile for sm_90 when the record is profiled (it costs a process)."""
-    from attnbench.execute import CaseCache, execute_group
-    from attnbench.timing import TimingBudget
+    from attnbench.measure.execute import CaseCache, execute_group
+    from attnbench.measure.timing import TimingBudget
 
     case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=16, seq_k=16, head_dim=16,
                 head_dim_v=16, dtype="bfloat16", device=DEVICE, mask="causal")
@@ -474,7 +474,7 @@ def test_gpu_summary_reads_goals_from_records():
 
     import pandas as pd
 
-    from attnbench.suite import load_suite
+    from attnbench.runs.suite import load_suite
 
     spec = importlib.util.spec_from_file_location("gpu_summary",
                                                   ROOT / "scripts" / "gpu_summary.py")

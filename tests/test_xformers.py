@@ -16,13 +16,13 @@ import types
 import pytest
 import torch
 
-from attnbench.case import Case
-from attnbench.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
-from attnbench.errors import NotSupported
+from attnbench.core.case import Case
+from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+from attnbench.core.errors import NotSupported
+from attnbench.core.masks import MaskSpec, allowed_rows
+from attnbench.core.reference import case_reference
+from attnbench.core.registry import all_backends, get_backend
 from attnbench.implementations import xformers_backend as xb
-from attnbench.masks import MaskSpec, allowed_rows
-from attnbench.reference import case_reference
-from attnbench.registry import all_backends, get_backend
 
 HAS_XFORMERS = importlib.util.find_spec("xformers") is not None
 

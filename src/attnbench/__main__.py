@@ -3,6 +3,6 @@ attnbench run ...``)."""
 
 import sys
 
-from .cli import main
+from attnbench.cli import main
 
 sys.exit(main())

@@ -7,14 +7,14 @@ import warnings
 
 import torch
 
-from .backend import APPROXIMATE, Backend
-from .case import Case, Inputs
-from .dtypes import dtype_name
-from .errors import NotSupported
-from .masks import MaskSpec
-from .records import load_results  # noqa: F401  (re-exported)
-from .reference import softmax_reference
-from .registry import all_backends
+from attnbench.core.backend import APPROXIMATE, Backend
+from attnbench.core.case import Case, Inputs
+from attnbench.core.dtypes import dtype_name
+from attnbench.core.errors import NotSupported
+from attnbench.core.masks import MaskSpec
+from attnbench.core.reference import softmax_reference
+from attnbench.core.registry import all_backends
+from attnbench.runs.record_files import load_results  # noqa: F401  (re-exported)
 
 
 def list_backends() -> list[dict]:

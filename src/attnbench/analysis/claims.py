@@ -1,0 +1,158 @@
+"""Claims: statements a suite sets out to check, evaluated from the run's records.
+
+A suite may carry ``[[claim]]`` tables (data, like the rest of the suite):
+
+* ``kind = "ratio"``: ``metric`` of ``numerator`` over ``denominator`` on the cases
+  selected by ``where`` (one ratio per case, joined on the case key); with
+  ``numerator_where`` / ``denominator_where`` the sides select different cases (say a
+  window against causal) and are joined on the shape (batch, heads, lengths, dims, dtype,
+  mode);
+* ``kind = "value"``: ``metric`` of ``backend`` on the selected cases;
+* ``kind = "exponent"``: the slope of log(time) over log(N) of ``backend`` on the selected
+  cases (seq_q = seq_k).
+
+``expected = [low, high]`` is the range the claim asserts, ``[low]`` means "at least".
+Each measurement carries its 95% interval (a ratio of records timed in the same
+interleaved rounds: from the per-round ratios; otherwise a bootstrap of the ratio of
+medians), and the verdict is ``holds`` (the interval inside the range), ``does not hold``
+(outside) or ``inconclusive`` (it straddles a bound). The report prints them side by side.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from attnbench.core import metrics
+from attnbench.core.errors import BadInput
+from attnbench.core.where import case_matches, where_mask
+from attnbench.stats import intervals, ratios
+from attnbench.stats.fits import exponent_interval
+
+CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denominator",
+              "where", "numerator_where", "denominator_where", "expected", "scale", "unit")
+# A ratio whose two sides select different cases (e.g. a window against causal) joins on shape.
+SHAPE = ["batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v", "dtype",
+         "mode"]
+KINDS = ("ratio", "value", "exponent")
+
+
+def validate_claims(raw, path) -> list[dict]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadInput(f"{path}: claim = {raw!r}: must be a list of [[claim]] tables")
+    out = []
+    for i, c in enumerate(raw):
+        where = f"claim[{i}]"
+        if not isinstance(c, dict):
+            raise BadInput(f"{path}: {where} = {c!r}: must be a table")
+        for k in c:
+            if k not in CLAIM_KEYS:
+                raise BadInput(f"{path}: {where}.{k} = {c[k]!r}: unknown key; allowed: "
+                               f"{', '.join(CLAIM_KEYS)}")
+        kind = c.get("kind")
+        if kind not in KINDS:
+            raise BadInput(f"{path}: {where}.kind = {kind!r}: allowed: {', '.join(KINDS)}")
+        need = {"ratio": ("numerator", "denominator"), "value": ("backend",),
+                "exponent": ("backend",)}[kind]
+        for k in ("text",) + need:
+            if not isinstance(c.get(k), str):
+                raise BadInput(f"{path}: {where}.{k} = {c.get(k)!r}: must be a string")
+        if "metric" in c and c["metric"] not in metrics.BY_NAME:
+            raise BadInput(f"{path}: {where}.metric = {c['metric']!r}: not a declared metric; "
+                           f"allowed: {', '.join(metrics.NAMES)}")
+        exp = c.get("expected")
+        if exp is not None and not (isinstance(exp, list) and 1 <= len(exp) <= 2 and all(
+                isinstance(x, (int, float)) for x in exp)):
+            raise BadInput(f"{path}: {where}.expected = {exp!r}: give [low, high] or [low]")
+        for k in ("where", "numerator_where", "denominator_where"):
+            if not isinstance(c.get(k, {}), dict):
+                raise BadInput(f"{path}: {where}.{k} = {c[k]!r}: must be a table")
+        out.append(dict(c))
+    return out
+
+
+def side_matches(claim: dict, side: str, case, backend: str) -> bool:
+    """Whether job (case, backend) is on a ratio claim's ``side`` (numerator/denominator)."""
+    if backend != claim.get(side):
+        return False
+    return case_matches(case, claim.get("where", {}) | claim.get(f"{side}_where", {}))
+
+
+def _select(df: pd.DataFrame, where: dict, backend: str) -> pd.DataFrame:
+    return df[(df["backend"] == backend) & (df["status"] == "ok") & where_mask(df, where)]
+
+
+def _value_interval(row, metric: str, scale: float) -> intervals.Interval:
+    samples = ratios.samples(row.get("samples_ms"))
+    if metric == "time_ms_median" and samples:
+        iv = intervals.median_interval(samples)
+        return intervals.Interval(iv.estimate * scale, iv.low * scale, iv.high * scale,
+                              iv.confidence, iv.n, iv.method)
+    value = float(row[metric]) * scale
+    return intervals.Interval(value, value, value, 1.0, 1, "point")
+
+
+def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[intervals.Interval], str]:
+    """The measured values of a claim with their intervals (one per matching case, or one
+    exponent) and a note."""
+    metric = claim.get("metric", "time_ms_median")
+    where = claim.get("where", {})
+    kind = claim["kind"]
+    if kind == "ratio":
+        sided = "numerator_where" in claim or "denominator_where" in claim
+        on = SHAPE if sided else ["key"]
+        a = _select(df, where | claim.get("numerator_where", {}), claim["numerator"])
+        b = _select(df, where | claim.get("denominator_where", {}), claim["denominator"])
+        j = ratios.join(a, b, on, [metric])
+        return ([ratios.joined_ratio_interval(r, metric) for _, r in j.iterrows()],
+                f"{len(j)} case(s)")
+    d = _select(df, where, claim["backend"])
+    if kind == "value":
+        scale = float(claim.get("scale", 1.0))
+        return [_value_interval(r, metric, scale) for _, r in d.iterrows()], f"{len(d)} case(s)"
+    d = d[d["seq_q"] == d["seq_k"]]
+    iv = exponent_interval(d)
+    if iv is None:
+        return [], f"needs >= 3 sizes, found {d['seq_q'].nunique()}"
+    return [iv], f"N = {d['seq_q'].min()}..{d['seq_q'].max()}"
+
+
+def verdict(measured: list[intervals.Interval], expected) -> str:
+    """holds / does not hold / inconclusive (an interval straddles a bound), over cases."""
+    if not measured:
+        return "not measured"
+    if not expected:
+        return "recorded"
+    low = expected[0]
+    high = expected[1] if len(expected) > 1 else None
+    each = {intervals.interval_verdict(iv, low, high) for iv in measured}
+    if len(each) == 1:
+        return each.pop()
+    if each == {"holds", "does not hold"}:
+        return "holds for some cases"
+    return "inconclusive"
+
+
+def _fmt(iv: intervals.Interval) -> str:
+    if iv.low == iv.high:
+        return f"{iv.estimate:.3g}"
+    conf = "" if iv.confidence >= 0.95 else f", {iv.confidence:.0%}"
+    paired = " paired" if iv.method.startswith("paired") else ""
+    return f"{iv.estimate:.3g} [{iv.low:.3g}, {iv.high:.3g}{conf}{paired}]"
+
+
+def claims_table(df: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
+    rows = []
+    for c in claims:
+        intervals, note = measure_claim(df, c)
+        exp = c.get("expected")
+        exp_text = "" if not exp else (f"{exp[0]:g}..{exp[1]:g}" if len(exp) > 1
+                                       else f">= {exp[0]:g}")
+        unit = c.get("unit", "")
+        measured = ", ".join(_fmt(iv) for iv in intervals) if intervals else "-"
+        rows.append({"claim": c["text"], "source": c.get("source", ""),
+                     "expected": f"{exp_text} {unit}".strip(),
+                     "measured (95% interval)": f"{measured} {unit}".strip() + f" ({note})",
+                     "verdict": verdict(intervals, exp)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,190 @@
+"""The backend contract: capabilities as data, availability, and the timed closure.
+
+A backend implements :meth:`Backend.build`, which does all setup (parameters, layout
+conversion, compilation) and returns a differentiable ``f(q, k, v) -> out``. The base
+class turns that into the zero-argument closure that is timed, for each mode:
+
+* ``fwd``      ``f(q, k, v)`` without autograd;
+* ``bwd``      the forward runs once, untimed; the closure is the backward only;
+* ``fwd_bwd``  one closure doing forward and backward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench.core.case import MODES, Case, Inputs
+
+ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
+ALL_MASKS = ("none", "causal", "window", "block_sparse")
+
+# What a backend claims to compute (docs/design.md, "Semantics").
+EXACT = "exact"  # the case's softmax attention
+APPROXIMATE = "approximate"  # approximates it (err_vs_softmax is its approximation error)
+DIFFERENT = "different"  # another function altogether (err_vs_softmax left empty)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend accepts. Tests and the runner read this data; nothing is hard-coded."""
+
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ALL_DTYPES
+    masks: tuple[str, ...] = ("none", "causal", "window")  # mask kinds
+    modes: tuple[str, ...] = MODES
+    head_dim_min: int = 1
+    head_dim_max: int = 4096
+    gqa: bool = True  # heads_q != heads_kv
+    cross_attention: bool = True  # seq_q != seq_k
+    dv_differs: bool = True  # head_dim_v != head_dim
+    requires: tuple[str, ...] = ()  # importable modules needed at all
+
+    def reasons(self, case: Case) -> list[str]:
+        out = []
+        dev = torch.device(case.device).type
+        if dev not in self.devices:
+            out.append(f"device {dev} not supported (supports {', '.join(self.devices)})")
+        if case.dtype not in self.dtypes:
+            out.append(f"dtype {case.dtype} not supported (supports {', '.join(self.dtypes)})")
+        kind = case.mask_spec.kind
+        if kind not in self.masks:
+            out.append(f"mask {case.mask} not supported (supports {', '.join(self.masks)})")
+        if case.mode not in self.modes:
+            out.append(f"mode {case.mode} not supported (supports {', '.join(self.modes)})")
+        if not (self.head_dim_min <= case.head_dim <= self.head_dim_max):
+            out.append(f"head_dim {case.head_dim} outside "
+                       f"[{self.head_dim_min}, {self.head_dim_max}]")
+        if not self.gqa and case.heads_q != case.heads_kv:
+            out.append("grouped-query attention (heads_q != heads_kv) not supported")
+        if not self.cross_attention and case.seq_q != case.seq_k:
+            out.append("cross-attention (seq_q != seq_k) not supported")
+        if not self.dv_differs and case.head_dim_v != case.head_dim:
+            out.append("head_dim_v != head_dim not supported")
+        return out
+
+
+@dataclass
+class Prepared:
+    """The timed closure and how to read outputs back from what it returns."""
+
+    fn: Callable[[], Any]
+    outputs: Callable[[Any], dict[str, torch.Tensor]]
+    extras: dict[str, Any] = field(default_factory=dict)  # e.g. kernel name, compile seconds
+
+
+class Backend:
+    name: str = ""
+    description: str = ""
+    caps: Capabilities = Capabilities()
+    semantics: str = EXACT
+
+    # ---- availability and support -------------------------------------
+    def is_available(self) -> tuple[bool, str]:
+        """Whether this backend can run on this machine at all, and if not, why."""
+        for module in self.caps.requires:
+            if importlib.util.find_spec(module) is None:
+                return False, f"module {module!r} is not installed"
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # a broken install is as unavailable as a missing one
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                return False, f"module {module!r} fails to import: {type(exc).__name__}: {first}"
+        return True, ""
+
+    def not_supported_reasons(self, case: Case) -> list[str]:
+        """Readable reasons this case cannot run here; an empty list means supported."""
+        return self.caps.reasons(case) + self.extra_reasons(case)
+
+    def extra_reasons(self, case: Case) -> list[str]:
+        """Backend-specific limits that capabilities data cannot express."""
+        return []
+
+    # ---- computation ----------------------------------------------------
+    def build(self, case: Case, inputs: Inputs) -> Callable[[torch.Tensor, torch.Tensor,
+                                                             torch.Tensor], torch.Tensor]:
+        """Do all setup and return a differentiable ``f(q, k, v) -> out`` (B, Hq, Nq, Dv)."""
+        raise NotImplementedError
+
+    # Modules besides the backend's own whose code decides its numbers (e.g. its kernels).
+    code_modules: tuple[str, ...] = ()
+
+    def code_hash(self) -> str:
+        """Short hash of the backend's source (its module and ``code_modules``), so a
+        comparison across commits can tell when the backend itself changed."""
+        h = hashlib.sha256()
+        for name in (type(self).__module__, *self.code_modules):
+            try:  # read the file without importing it (kernel modules import lazily)
+                spec = importlib.util.find_spec(name)
+                h.update(Path(spec.origin).read_bytes())
+            except (AttributeError, OSError, TypeError, ImportError, ValueError):
+                h.update(name.encode())
+        return h.hexdigest()[:12]
+
+    def work_flops(self, case: Case) -> float:
+        """FLOPs this backend performs for the case: the rate (tflops) is computed from it.
+        Exact backends do the visible pairs' work; others override (computed tiles,
+        feature maps, additive scores)."""
+        return case.flops
+
+    def approximation(self, case: Case) -> str:
+        """How this backend departs from the case's softmax attention (e.g. the block layout
+        it keeps); empty when it computes the case exactly. Only approximate backends."""
+        return ""
+
+    def impl_reference(self, case: Case, inputs: Inputs):
+        """Float64 evaluation of the function this backend claims to compute.
+
+        ``None`` means the case's exact softmax reference (exact backends).
+        """
+        return None
+
+    def prepare(self, case: Case, inputs: Inputs) -> Prepared:
+        """All setup, outside timing; returns the zero-argument closure for ``case.mode``."""
+        f = self.build(case, inputs)
+        return wrap_mode(f, case, inputs)
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+def wrap_mode(f, case: Case, inputs: Inputs) -> Prepared:
+    """The timed closure of each mode around a differentiable attention function."""
+    if case.mode == "fwd":
+
+        def run_fwd():
+            with torch.no_grad():
+                return f(inputs.q, inputs.k, inputs.v)
+
+        return Prepared(run_fwd, lambda out: {"out": out})
+
+    q, k, v = (t.detach().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    go = inputs.grad_out
+
+    def grads_of(out):
+        return torch.autograd.grad(out, (q, k, v), go, retain_graph=case.mode == "bwd")
+
+    if case.mode == "bwd":
+        with torch.enable_grad():
+            out = f(q, k, v)  # untimed forward; the closure is the backward alone
+        fixed_out = out.detach()
+
+        def run_bwd():
+            return grads_of(out)
+
+        return Prepared(run_bwd, lambda g: {"out": fixed_out, "dq": g[0], "dk": g[1],
+                                            "dv": g[2]})
+
+    def run_fwd_bwd():
+        with torch.enable_grad():
+            out = f(q, k, v)
+            return (out.detach(), *grads_of(out))
+
+    return Prepared(run_fwd_bwd, lambda r: {"out": r[0], "dq": r[1], "dk": r[2], "dv": r[3]})

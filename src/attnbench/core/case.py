@@ -1,0 +1,199 @@
+"""The benchmark case: one point of a sweep, with its key, counts and inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from attnbench.core import block_layouts
+from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
+from attnbench.core.masks import MaskSpec, visible_pairs
+
+MODES = ("fwd", "bwd", "fwd_bwd")
+# FLOPs of a mode as a multiple of the forward pass (FlashAttention's convention).
+MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    q: torch.Tensor  # (B, Hq, Nq, D)
+    k: torch.Tensor  # (B, Hkv, Nk, D)
+    v: torch.Tensor  # (B, Hkv, Nk, Dv)
+    grad_out: torch.Tensor | None = None  # (B, Hq, Nq, Dv), backward modes only
+
+    @property
+    def nbytes(self) -> int:
+        ts = [self.q, self.k, self.v] + ([self.grad_out] if self.grad_out is not None else [])
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int = 1
+    heads_q: int = 8
+    heads_kv: int = 8
+    seq_q: int = 1024
+    seq_k: int = 1024
+    head_dim: int = 64
+    head_dim_v: int = 64
+    dtype: str = "float32"
+    device: str = "cpu"
+    mask: str = "none"
+    mode: str = "fwd"
+    seed: int = 0
+    # Per-family knobs. Only the ones that differ from these defaults enter the key.
+    block_size: int = 64
+    block_band: int = 1
+    block_global: int = 1
+    block_random: int = 2
+    block_pairs: tuple[tuple[int, int], ...] = field(default=())
+    block_stride: int = 0  # strided layout: stride in blocks; 0 means round(sqrt(n_k_blocks))
+    block_layout_name: str = "bigbird"  # layout block_sparse uses on a dense (mask none) case
+    feature_map: str = "elu"
+    num_features: int = 256
+    additive_dim: int = 0  # 0 means head_dim
+    linformer_k: int = 256  # linformer: rows K and V are projected to along the sequence
+    memory_budget_mb: int = 256
+    scale: float | None = None  # None means 1/sqrt(head_dim)
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        object.__setattr__(self, "mask", str(MaskSpec.parse(self.mask)))
+        object.__setattr__(self, "block_pairs",
+                           tuple(tuple(int(x) for x in p) for p in self.block_pairs))
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
+        for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim",
+                     "head_dim_v", "block_size", "linformer_k"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(
+                f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
+
+    # ---- identity -------------------------------------------------------
+    CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
+                   "dtype", "device", "mask", "mode", "seed")
+
+    @classmethod
+    def knob_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.CORE_FIELDS)
+
+    @property
+    def key(self) -> str:
+        """Stable string identity, used for resume and for joins across runs."""
+        parts = [f"b{self.batch}", f"hq{self.heads_q}", f"hkv{self.heads_kv}",
+                 f"q{self.seq_q}", f"k{self.seq_k}", f"d{self.head_dim}", f"dv{self.head_dim_v}",
+                 self.dtype, self.device, self.mask, self.mode, f"s{self.seed}"]
+        defaults = Case()
+        for name in self.knob_fields():
+            value = getattr(self, name)
+            if value != getattr(defaults, name):
+                parts.append(f"{name}={value}")
+        return "-".join(str(p).replace(" ", "") for p in parts)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["block_pairs"] = [list(p) for p in self.block_pairs]
+        return d
+
+    def replace(self, **changes) -> Case:
+        return dataclasses.replace(self, **changes)
+
+    # ---- derived --------------------------------------------------------
+    @property
+    def mask_spec(self) -> MaskSpec:
+        return MaskSpec.parse(self.mask)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype)
+
+    @property
+    def group_size(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else self.head_dim ** -0.5
+
+    @property
+    def additive_hidden(self) -> int:
+        return self.additive_dim or self.head_dim
+
+    @cached_property
+    def block_layout(self) -> torch.Tensor | None:
+        """Boolean (n_q_blocks, n_k_blocks) layout for block_sparse masks, else None."""
+        spec = self.mask_spec
+        if spec.kind != "block_sparse":
+            return None
+        return self.layout_named(spec.layout)
+
+    def layout_named(self, name: str) -> torch.Tensor:
+        """Boolean (n_q_blocks, n_k_blocks) layout ``name`` with this case's block knobs."""
+        return block_layouts.make_layout(
+            name, self.seq_q, self.seq_k, self.block_size, band=self.block_band,
+            global_blocks=self.block_global, random_blocks=self.block_random, seed=self.seed,
+            pairs=self.block_pairs, stride=self.block_stride)
+
+    @cached_property
+    def visible_pairs(self) -> int:
+        return visible_pairs(self.mask_spec, self.seq_q, self.seq_k, self.block_layout,
+                             self.block_size)
+
+    @property
+    def density(self) -> float:
+        return self.visible_pairs / (self.seq_q * self.seq_k)
+
+    def _flops_for(self, pairs: int) -> float:
+        # QK^T costs 2*D per pair, PV costs 2*Dv per pair: 4*pairs*D when Dv == D.
+        fwd = 2.0 * self.batch * self.heads_q * pairs * (self.head_dim + self.head_dim_v)
+        return fwd * MODE_FLOP_FACTOR[self.mode]
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of this mode counting only the visible query-key pairs."""
+        return self._flops_for(self.visible_pairs)
+
+    @property
+    def flops_dense(self) -> float:
+        """Dense-equivalent FLOPs (all seq_q x seq_k pairs), a common axis for approximations."""
+        return self._flops_for(self.seq_q * self.seq_k)
+
+    @property
+    def bytes(self) -> float:
+        """Minimum memory traffic: each input read once, each output written once."""
+        e = element_size(self.dtype)
+        q = self.batch * self.heads_q * self.seq_q * self.head_dim
+        kv = self.batch * self.heads_kv * self.seq_k * (self.head_dim + self.head_dim_v)
+        o = self.batch * self.heads_q * self.seq_q * self.head_dim_v
+        fwd = q + kv + o
+        bwd = (q + kv + 2 * o) + (q + kv)  # read q,k,v,o,dO; write dq,dk,dv
+        return e * {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[self.mode]
+
+    @property
+    def needs_grad(self) -> bool:
+        return self.mode in ("bwd", "fwd_bwd")
+
+    def make_inputs(self, device: str | torch.device | None = None) -> Inputs:
+        """Deterministic inputs from ``seed``, the same values in every dtype. On a GPU they
+        are drawn there (drawing 16K tokens x 2048 on the CPU took seconds per case), so GPU
+        and CPU cases with one seed hold different values."""
+        B, Hq, Hkv, Nq, Nk, D, Dv = (self.batch, self.heads_q, self.heads_kv, self.seq_q,
+                                     self.seq_k, self.head_dim, self.head_dim_v)
+        dev = torch.device(device or self.device)
+        draw_on = dev if dev.type == "cuda" else torch.device("cpu")
+        gen = torch.Generator(device=draw_on).manual_seed(self.seed)
+
+        def make(*shape):
+            return torch.randn(*shape, generator=gen, device=draw_on).to(
+                device=dev, dtype=self.torch_dtype)
+
+        q = make(B, Hq, Nq, D)
+        k = make(B, Hkv, Nk, D)
+        v = make(B, Hkv, Nk, Dv)
+        grad_out = make(B, Hq, Nq, Dv) if self.needs_grad else None  # drawn last: q, k, v
+        return Inputs(q, k, v, grad_out)                              # do not depend on it

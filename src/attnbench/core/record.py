@@ -1,0 +1,104 @@
+"""The record: what one (case, backend) measurement produced, as a declared type.
+
+Identity (the frozen Case and the backend name) is kept apart from what was measured
+(status, metrics, information such as the samples or the kernel that ran), like
+torch.utils.benchmark keeps a task's identity apart from its Measurement. The worker returns
+a Record; the runner adds run-level context; files hold it as one flat JSON object per line
+(``to_row``), and ``from_row`` reads one back. Every record, crashed and timed-out ones
+included, is built by ``Record.new``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnbench.core import metrics
+from attnbench.core.case import Case
+
+# Version of the record and meta.json layout. 2: declared metrics, time intervals, work
+# counted per backend, backend code hashes, the drift probe, paired rounds.
+FORMAT_VERSION = 2
+
+STATUSES = ("ok", "unavailable", "unsupported", "oom", "skipped", "error", "crashed",
+            "timeout", "wrong")
+CASE_COLUMNS = tuple(f.name for f in dataclasses.fields(Case))
+# Identity and run columns at the front of every row, before the declared metrics.
+IDENTITY_COLUMNS = ("run_id", "key", "backend", "status", "reason", "noisy", *CASE_COLUMNS)
+# Optional information columns (not metrics), with what they hold. Absent when not produced.
+OPTIONAL_COLUMNS = {
+    "profile_trace": "Chrome/Perfetto trace (.json.gz) of one untimed profiled call, relative "
+                     "to the run directory (run --profile, attnbench profile)",
+    "profile_kernels": "kernel table (CSV: name, calls, total and self ms, share of the "
+                       "median, FLOP/s and GB/s where derivable), relative to the run directory",
+    "profile_memory": "GPU memory timeline (.json.gz) of the profiled call",
+    "profile_device": "cpu: the table lists ATen operators; cuda: GPU kernels",
+    "profile_calls": "calls profiled (one, or a few when a call is short); the table is per call",
+    "profile_total_ms": "sum of the kernel table's self times per call (compare with "
+                        "time_ms_median)",
+    "profile_wall_ms": "wall time of a profiled call (profiler overhead included)",
+    "profile_plain_ms": "median wall time of plain calls alternating with the profiled ones "
+                        "(the profiler's cost is the table's total over it)",
+    "profile_top": "the kernel table's largest rows (name, calls, self_ms, share, tflops, gbps)",
+    "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "
+                     "num_warps, num_stages) that ran",
+    "triton_compiled": "triton_flash: compiled kernel metadata per kernel (registers, spill "
+                       "bytes, shared memory bytes) and the configuration compiled",
+    "triton_compiled_source": "where triton_compiled comes from: the binary that ran on the "
+                              "GPU, or a compile for sm_90 without a GPU (interpreter runs)",
+}
+
+
+@dataclass
+class Record:
+    case: Case
+    backend: str
+    status: str
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # declared metrics only
+    info: dict[str, Any] = field(default_factory=dict)  # everything else (samples, kernel...)
+
+    @classmethod
+    def new(cls, case: Case, backend: str, status: str, reason: str = "", **values) -> Record:
+        """The one constructor: values split into declared metrics and information."""
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; allowed: {', '.join(STATUSES)}")
+        rec = cls(case, backend, status, reason)
+        rec.update(**values)
+        return rec
+
+    def update(self, **values) -> Record:
+        for name, value in values.items():
+            if name == "status":
+                self.status = value
+            elif name == "reason":
+                self.reason = value
+            elif name in metrics.BY_NAME:
+                self.metrics[name] = value
+            else:
+                self.info[name] = value
+        return self
+
+    @property
+    def key(self) -> str:
+        return self.case.key
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_row(self) -> dict:
+        """The flat JSON object a records.jsonl line holds."""
+        return {"key": self.case.key, "backend": self.backend, **self.case.to_dict(),
+                "status": self.status, "reason": self.reason, **self.metrics, **self.info}
+
+    @classmethod
+    def from_row(cls, row: dict) -> Record:
+        case_fields = {k: row[k] for k in CASE_COLUMNS if k in row and row[k] is not None}
+        if "block_pairs" in case_fields:
+            case_fields["block_pairs"] = tuple(tuple(p) for p in case_fields["block_pairs"])
+        rest = {k: v for k, v in row.items()
+                if k not in CASE_COLUMNS and k not in ("key", "backend", "status", "reason")}
+        return cls.new(Case(**case_fields), row["backend"], row["status"],
+                       row.get("reason") or "", **rest)

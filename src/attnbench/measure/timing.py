@@ -1,0 +1,213 @@
+"""Timing by time budget: warm up, then repeat; keep every sample.
+
+GPU: one pair of CUDA events per repetition, with the L2 cache flushed before each
+(by writing a buffer larger than L2), so every repetition starts cold.
+CPU: ``time.perf_counter`` around each call; the thread count is recorded in the run metadata.
+
+Sampling is adaptive: after ``min_reps`` it stops as soon as the 95% interval of the median
+is within ``target_rel`` of the median (``stop = "precision"``), else when the time budget
+(``"budget"``) or ``max_reps`` (``"max_reps"``) runs out. ``measure_interleaved`` times
+several closures in rounds (A B C, A B C, ...) so that drift of the machine hits them alike;
+sample ``i`` of every closure comes from round ``i``, and a drift probe runs between rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from attnbench.stats.intervals import Interval, median_interval
+
+
+@dataclass(frozen=True)
+class TimingBudget:
+    warmup_s: float = 0.05
+    budget_s: float = 0.3  # per closure; interleaved rounds of n closures get n times this
+    min_reps: int = 3
+    max_reps: int = 100
+    min_warmup: int = 1
+    target_rel: float = 0.05  # stop once the median's 95% interval is within this
+    noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
+    processes: int = 1  # fresh worker processes a group is timed in, samples pooled
+    slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
+    check_determinism: bool = False  # run the checked call twice, record bit-identity
+
+    def per_process(self) -> TimingBudget:
+        """The share of the budget one of ``processes`` processes spends."""
+        k = self.processes
+        if k <= 1:
+            return self
+        return dataclasses.replace(self, budget_s=self.budget_s / k,
+                                   min_reps=max(2, -(-self.min_reps // k)),
+                                   max_reps=max(2, -(-self.max_reps // k)))
+
+
+@dataclass
+class Timing:
+    samples_ms: list[float] = field(default_factory=list)
+    stop: str = ""  # precision, budget or max_reps
+    probe_readings: list[float] = field(default_factory=list)  # GFLOP/s between its rounds
+
+    @property
+    def interval(self) -> Interval:
+        return median_interval(self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    @property
+    def iqr_ms(self) -> float:
+        if len(self.samples_ms) < 2:
+            return 0.0
+        q = statistics.quantiles(self.samples_ms, n=4, method="inclusive")
+        return q[2] - q[0]
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation (stdev / mean) of the samples."""
+        if len(self.samples_ms) < 2:
+            return 0.0
+        return statistics.stdev(self.samples_ms) / statistics.fmean(self.samples_ms)
+
+
+def l2_flush_buffer(device: torch.device) -> torch.Tensor:
+    """A buffer twice the GPU's L2: zeroing it before a call evicts what the last one left."""
+    props = torch.cuda.get_device_properties(device)
+    l2 = getattr(props, "L2_cache_size", 0) or 64 * 2**20
+    return torch.empty(int(2 * l2) // 4 + 1, dtype=torch.int32, device=device)
+
+
+def measure(fn: Callable[[], object], device: torch.device | str,
+            budget: TimingBudget = TimingBudget(), warm: bool = False) -> Timing:
+    """Samples of ``fn`` by time budget. ``warm``: fn has just run once (e.g. the checked
+    call), so the warm-up may stop at its time budget without a further forced call."""
+    return measure_interleaved([fn], device, budget, warm=warm)[0]
+
+
+def precise_enough(samples: list[float], budget: TimingBudget) -> bool:
+    """Enough samples, and the median's 95% interval within ``target_rel`` of it."""
+    if len(samples) < max(budget.min_reps, 6):  # fewer than 6 cannot reach 95%
+        return False
+    return median_interval(samples).half_width_rel <= budget.target_rel
+
+
+def stop_reason(samples: list[float], budget: TimingBudget, elapsed_s: float,
+                n_closures: int = 1) -> str:
+    """Why sampling stops now ('' = go on)."""
+    if len(samples) >= budget.max_reps:
+        return "max_reps"
+    if len(samples) < budget.min_reps:
+        return ""
+    if precise_enough(samples, budget):
+        return "precision"
+    if elapsed_s >= budget.budget_s * n_closures:
+        return "budget"
+    return ""
+
+
+def _warm_up(fn, budget: TimingBudget, sync=lambda: None) -> None:
+    start = time.perf_counter()
+    n = 0
+    while n < budget.min_warmup or time.perf_counter() - start < budget.warmup_s:
+        fn()
+        sync()
+        n += 1
+
+
+class _CudaSampler:
+    """One cold (L2-flushed) CUDA-event sample per call; read back once per round."""
+
+    def __init__(self, dev: torch.device):
+        self.dev = dev
+        self.flush = l2_flush_buffer(dev)
+        self.pending: list[tuple[list[float], torch.cuda.Event, torch.cuda.Event]] = []
+
+    def sample(self, fn, into: list[float]) -> None:
+        self.flush.zero_()  # evict L2 so every repetition starts cold
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        self.pending.append((into, begin, end))
+
+    def settle(self) -> None:
+        torch.cuda.synchronize(self.dev)
+        for into, begin, end in self.pending:
+            into.append(begin.elapsed_time(end))
+        self.pending.clear()
+
+
+def _cpu_sample(fn, into: list[float]) -> None:
+    t0 = time.perf_counter()
+    fn()
+    into.append((time.perf_counter() - t0) * 1e3)
+
+
+def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
+                        budget: TimingBudget = TimingBudget(), probe=None,
+                        warm: bool = False) -> list[Timing]:
+    """Time closures in interleaved rounds: round i times each once, starting with closure
+    i mod n, so sample i of every closure comes from the same moment of the machine. On CPU
+    each timed call follows an untimed call of the same closure (the caches as a closure
+    timed alone finds them, whatever its neighbour); on a GPU L2 is flushed before each.
+    All stop together: when every closure is precise enough, or the budget (``budget_s``
+    per closure) or ``max_reps`` is spent. ``probe`` (a DriftProbe) is read between rounds."""
+    dev = torch.device(device)
+    if warm:
+        budget = dataclasses.replace(budget, min_warmup=0)
+    cuda = dev.type == "cuda"
+    sampler = _CudaSampler(dev) if cuda else None
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+    for fn in fns:
+        _warm_up(fn, budget, sync)
+    timings = [Timing() for _ in fns]
+    start = time.perf_counter()
+    stop = ""
+    if probe is not None:
+        probe.read()
+    pairs = list(zip(fns, timings))
+    rounds = 0
+    while not stop:
+        # Each round starts one closure later, so none always runs first.
+        start_at = rounds % len(pairs)
+        rounds += 1
+        for fn, t in pairs[start_at:] + pairs[:start_at]:
+            if cuda:
+                sampler.sample(fn, t.samples_ms)  # after flushing L2
+            else:
+                # On CPU nothing is flushed: a timed call would find the caches as the
+                # closure before it left them. In a decode group sdpa, always after naive's
+                # 256 MiB of repeated K/V, read 12.0 ms to sdpa_flash's 7.9, which always ran
+                # after sdpa had read the same K/V: one kernel, 7.3 ms each timed alone. An
+                # untimed call of the same closure first gives every sample the state a
+                # closure timed alone sees.
+                if len(pairs) > 1:
+                    fn()
+                _cpu_sample(fn, t.samples_ms)
+        if cuda:
+            sampler.settle()
+        if probe is not None:
+            probe.maybe_read()
+        elapsed = time.perf_counter() - start
+        reasons = [stop_reason(t.samples_ms, budget, elapsed, len(fns)) for t in timings]
+        if "max_reps" in reasons:
+            stop = "max_reps"
+        elif all(r == "precision" for r in reasons):
+            stop = "precision"
+        elif all(reasons) and elapsed >= budget.budget_s * len(fns):
+            stop = "budget"
+    readings = probe.readings_since(start) if probe is not None else []
+    for t in timings:
+        t.stop = stop
+        t.probe_readings = readings
+    return timings

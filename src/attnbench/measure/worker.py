@@ -1,0 +1,275 @@
+"""Isolation: jobs run in a child process, so a crash or a hang costs one record, not the run.
+
+The parent sends a job group (the (case, backend) pairs timed together) over a pipe and
+waits up to the suite's per-job timeout for each heartbeat (one per job set up, one after
+the group's timing) and then the records. A child that
+dies yields ``crashed`` (with its exit code or signal); one that does not answer in time is
+killed and yields ``timeout``. Either way a fresh child takes the next job; a group that
+crashed or hung is rerun one job at a time, so only the guilty job's record says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import signal
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.core.case import Case
+from attnbench.core.record import Record
+from attnbench.measure.ceilings import measure_ceilings
+from attnbench.measure.execute import CaseCache, execute_group, merge_repeats
+from attnbench.measure.memory import configure_allocator, settle_garbage
+from attnbench.measure.probe import DriftProbe
+from attnbench.measure.timing import TimingBudget
+
+Job = tuple[Case, str]
+CEILINGS_TIMEOUT_S = 600
+
+
+class Probes:
+    """One drift probe per device, made on first use in the measuring process."""
+
+    def __init__(self):
+        self.by_device: dict[str, DriftProbe] = {}
+
+    def for_jobs(self, jobs: list[Job]) -> DriftProbe | None:
+        if not jobs:
+            return None
+        device = jobs[0][0].device
+        if device not in self.by_device:
+            self.by_device[device] = DriftProbe(device)
+        return self.by_device[device]
+
+
+def setup_process(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+    configure_allocator()
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    threads: int | None = None
+    max_memory_bytes: int | None = None  # RLIMIT_AS of the worker: beyond it, ``oom``
+    log_path: str | None = None  # the worker's stdout and stderr go here (crash reasons)
+    profile_dir: str | None = None  # the run directory: profile each ok pair (profiling.py)
+
+
+def _redirect_output(path: str) -> None:
+    """Backends' prints and the worker's dying words go to the run's worker.log, not the
+    user's terminal; a crashed record quotes the last lines."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class GlobalState:
+    """torch's process-wide settings a backend might change (threads, default dtype,
+    deterministic algorithms, grad mode): saved once, restored after every group, so no
+    later record is measured under another backend's settings."""
+
+    def __init__(self):
+        self.threads = torch.get_num_threads()
+        self.dtype = torch.get_default_dtype()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.grad = torch.is_grad_enabled()
+
+    def restore(self) -> None:
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        if torch.get_default_dtype() != self.dtype:
+            torch.set_default_dtype(self.dtype)
+        if torch.are_deterministic_algorithms_enabled() != self.deterministic:
+            torch.use_deterministic_algorithms(self.deterministic)
+        torch.set_grad_enabled(self.grad)
+
+
+def _worker_main(conn, config: WorkerConfig) -> None:
+    if config.log_path:
+        _redirect_output(config.log_path)
+    if config.max_memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes,
+                                                config.max_memory_bytes))
+    try:
+        _serve(conn, config.threads, config.profile_dir)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
+        pass  # the parent reports the interruption
+
+
+def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
+    setup_process(threads)
+    state = GlobalState()
+    cache = CaseCache()
+    probes = Probes()
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        if msg[0] == "ceilings":
+            conn.send(measure_ceilings(*msg[1:]))
+            continue
+        _, jobs, budget, repeat = msg
+        def progress():  # after each job's setup and after timing
+            state.restore()
+            conn.send(("progress", None))
+
+        records = execute_group(jobs, budget, cache, probes.for_jobs(jobs), progress=progress,
+                                repeat=repeat, profile_dir=profile_dir)
+        settle_garbage()
+        state.restore()
+        for rec in records:
+            rec.update(worker_pid=os.getpid())
+        conn.send(("done", records))
+        if any(rec.info.get("context_lost") for rec in records):
+            return  # a poisoned CUDA context: the parent starts a fresh worker
+
+
+class InProcessExecutor:
+    """No isolation: fastest, but a crash ends the run and a hang is never cut short."""
+
+    def __init__(self, threads: int | None = None, config: WorkerConfig | None = None):
+        setup_process(threads)
+        self.cache = CaseCache()
+        self.probes = Probes()
+        self.profile_dir = config.profile_dir if config else None
+
+    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
+                  ) -> list[Record]:
+        """Repeats (``budget.processes``) run in this same process: without isolation there
+        is no fresh process to time them in."""
+        share = budget.per_process()
+        first = execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
+                              profile_dir=self.profile_dir)
+        repeats = [execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
+                                 repeat=True) for _ in range(budget.processes - 1)]
+        settle_garbage()
+        return merge_repeats(first, repeats, budget)
+
+    def ceilings(self, dtypes: list[str], device: str) -> dict:
+        return measure_ceilings(dtypes, device)
+
+    def close(self) -> None:
+        pass
+
+
+class IsolatedExecutor:
+    def __init__(self, threads: int | None = None, config: WorkerConfig | None = None):
+        self.config = config or WorkerConfig(threads)
+        self.ctx = mp.get_context("spawn")
+        self.proc = None
+        self.conn = None
+        self.log_offset = 0
+
+    def _start(self) -> None:
+        parent, child = self.ctx.Pipe()
+        log = self.config.log_path
+        self.log_offset = os.path.getsize(log) if log and os.path.exists(log) else 0
+        self.proc = self.ctx.Process(target=_worker_main, args=(child, self.config),
+                                     daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def last_output(self, lines: int = 3) -> str:
+        """The last lines the current worker wrote (its log since it started)."""
+        log = self.config.log_path
+        if not log or not os.path.exists(log):
+            return ""
+        with open(log, "rb") as fh:
+            fh.seek(self.log_offset)
+            text = fh.read()[-4096:].decode("utf-8", "replace")
+        tail = [x.strip() for x in text.splitlines() if x.strip()][-lines:]
+        return " | ".join(tail)
+
+    def _stop(self, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        self.proc.join(timeout=10)
+        self.conn.close()
+        self.proc = self.conn = None
+
+    def ceilings(self, dtypes: list[str], device: str) -> dict:
+        """The device ceilings, measured in the worker: the process that measures records."""
+        if self.proc is None or not self.proc.is_alive():
+            self._start()
+        try:
+            self.conn.send(("ceilings", dtypes, device))
+            if self.conn.poll(CEILINGS_TIMEOUT_S):
+                return self.conn.recv()
+            self._stop(kill=True)
+            why = f"no answer within {CEILINGS_TIMEOUT_S} s"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._stop()
+            why = f"the worker died ({self.last_output() or 'no output'})"
+        # a crash costs the ceilings, not the run: records go without their fractions
+        return {"error": f"ceilings not measured: {why}"}
+
+    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
+                  ) -> list[Record]:
+        """Records of a group; after a crash or hang of a group of several, each job again
+        on its own, so one bad kernel costs one record."""
+        share = budget.per_process()
+        status, result = self._send_group(jobs, share, timeout_s)
+        if status == "done":
+            repeats = []
+            for _ in range(budget.processes - 1):  # the same group in fresh processes
+                self.close()
+                status, again = self._send_group(jobs, share, timeout_s, repeat=True)
+                if status != "done":
+                    break  # keep what the earlier processes measured
+                repeats.append(again)
+            return merge_repeats(result, repeats, budget)
+        if len(jobs) > 1:
+            return [r for job in jobs for r in self.run_group([job], budget, timeout_s)]
+        case, backend = jobs[0]
+        return [Record.new(case, backend, status, result)]
+
+    def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False):
+        if self.proc is None or not self.proc.is_alive():
+            self._start()
+        try:
+            self.conn.send(("group", jobs, budget, repeat))
+            while self.conn.poll(timeout_s):  # each heartbeat restarts the per-job limit
+                kind, payload = self.conn.recv()
+                if kind == "done":
+                    if any(rec.info.get("context_lost") for rec in payload):
+                        self._stop()  # the worker has ended; the next group gets a new one
+                    return "done", payload
+            self._stop(kill=True)
+            return "timeout", f"no result within the {timeout_s:g} s limit; worker killed"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            pass  # the worker died; its pipe closed before it answered
+        self.proc.join(timeout=30)
+        code = self.proc.exitcode
+        self._stop()
+        if code is not None and code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        said = self.last_output()
+        return "crashed", f"worker process {how}" + (f"; its last output: {said}"
+                                                       if said else "")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self._stop()

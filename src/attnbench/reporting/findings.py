@@ -1,0 +1,347 @@
+"""What the report concludes from records, as tables: speedups against a comparison's
+baseline, winners per problem with their margin and its significance, fitted exponents in N,
+crossover lengths, the reasons records are not ok, the environment, and a headline.
+
+Every ratio and its interval come from ``ratios`` (paired rounds when the records share
+them), every fit from ``fits``; lines are ``tables.line_columns`` lines.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+
+from attnbench.analysis.claims import claims_table
+from attnbench.analysis.comparisons import Comparison
+from attnbench.measure.ceilings import copy_ladder
+from attnbench.reporting import lines as line_groups
+from attnbench.reporting import tables
+from attnbench.reporting.plots import n_label
+from attnbench.runs.dataset import Run
+from attnbench.stats import fits, ratios
+from attnbench.stats.intervals import Interval
+
+DASH = "-"
+
+
+# ---- speedups against a comparison's baseline -----------------------------------------
+
+
+def speedups(c: Comparison, df: pd.DataFrame) -> pd.DataFrame:
+    """One row per record on the backends' side (its own columns), with the baseline's time
+    over its time (``speedup``, ``speedup_low/high``, ``significant``, ``speedup_method``)
+    where both are ok; ``baseline_status`` says what the partner was ('missing': none)."""
+    if c.baseline is None:
+        return pd.DataFrame()
+    rows, paired = [], set()
+    for base, other in c.pairs(df):
+        row = dict(other)
+        row["baseline_status"] = base["status"]
+        paired.add((other["run_id"], other["key"], other["backend"]))
+        if base["status"] == "ok" and other["status"] == "ok":
+            d = ratios.difference(base, other)
+            row.update(speedup=d.interval.estimate, speedup_low=d.interval.low,
+                       speedup_high=d.interval.high, significant=d.significant,
+                       speedup_method=d.interval.method, significance=d.describe())
+        rows.append(row)
+    for _, other in c.backend_records(df).iterrows():
+        if (other["run_id"], other["key"], other["backend"]) not in paired:
+            rows.append(dict(other) | {"baseline_status": "missing"})
+    return pd.DataFrame(rows)
+
+
+def _ratio_cell(r) -> str:
+    if pd.notna(r.get("speedup")):
+        iv_text = ratios.format_ratio(_interval(r))
+        return iv_text + ("" if r["significant"] else " (n.s.)")
+    if r["status"] != "ok":
+        return r["status"]
+    if r["baseline_status"] == "missing":
+        return "no baseline"
+    return f"baseline {r['baseline_status']}"
+
+
+def _interval(r) -> Interval:
+    return Interval(r["speedup"], r["speedup_low"], r["speedup_high"], 0.95, 2,
+                    r.get("speedup_method", ""))
+
+
+def speedup_table(sp: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
+    """Rows: the backends' lines; columns: N; cells: speedup [95% interval], '(n.s.)' when
+    the interval includes 1, or why there is none."""
+    if sp.empty:
+        return pd.DataFrame()
+    names = line_groups.shown(sp, [c for c in lines if c in sp.columns])
+    rows = {}
+    for line, g in line_groups.groups(sp, names):
+        cells = {tables.seq_label(r): _ratio_cell(r) for _, r in g.iterrows()}
+        rows[tuple(str(line[c]) for c in names)] = cells
+    order = [tables.seq_label(r) for _, r in sp.drop_duplicates(["seq_q", "seq_k"])
+             .sort_values(["seq_q", "seq_k"]).iterrows()]
+    table = pd.DataFrame.from_dict(rows, orient="index").reindex(columns=order).fillna("")
+    table.index = pd.MultiIndex.from_tuples(list(rows), names=names)
+    return table
+
+
+def crossovers(sp: pd.DataFrame, lines: list[str], baseline: str) -> pd.DataFrame:
+    """Where each backend's speedup over the baseline crosses 1 (log-log interpolation
+    between the bracketing sizes), or that it does not within the sizes measured."""
+    if sp.empty or "speedup" not in sp:
+        return pd.DataFrame()
+    ok = sp[sp["speedup"].notna() & (sp["seq_q"] == sp["seq_k"])]
+    names = line_groups.shown(sp, [c for c in lines if c in sp.columns])
+    rows = []
+    for line, g in line_groups.groups(ok, names):
+        g = g.sort_values("seq_q")
+        span = f"N = {n_label(int(g['seq_q'].min()))}..{n_label(int(g['seq_q'].max()))}"
+        base = {c: line[c] for c in names}
+        found = fits.crossings(g["seq_q"], g["speedup"])
+        if not found:
+            faster = bool((g["speedup"] > 1).all())
+            rows.append(base | {"crossover N": DASH, "between": span,
+                                "what happens": f"{'faster' if faster else 'slower'} than "
+                                                f"{baseline} at every size measured",
+                                "both sides significant": DASH})
+            continue
+        by_n = g.set_index("seq_q")
+        for cross in found:
+            sig = bool(by_n.loc[cross.below, "significant"]) and bool(
+                by_n.loc[cross.above, "significant"])
+            what = f"overtakes {baseline}" if cross.rising else f"falls behind {baseline}"
+            rows.append(base | {"crossover N": f"~{cross.n:.0f}",
+                                "between": f"{n_label(cross.below)} and {n_label(cross.above)}",
+                                "what happens": what,
+                                "both sides significant": "yes" if sig else "no"})
+    return pd.DataFrame(rows)
+
+
+def goals(c: Comparison, claims: list[dict]) -> list[dict]:
+    """Ratio claims on this comparison's time ratios, as speedups over its baseline (a claim
+    stated the other way round is inverted), to draw on the speedup chart."""
+    out = []
+    for cl in claims:
+        if cl.get("kind") != "ratio" or cl.get("metric", ratios.SAMPLED) != ratios.SAMPLED:
+            continue
+        exp = cl.get("expected") or []
+        if not exp:
+            continue
+        low, high = exp[0], (exp[1] if len(exp) > 1 else None)
+        if cl["numerator"] == c.baseline and cl["denominator"] in c.backends:
+            backend = cl["denominator"]
+        elif cl["denominator"] == c.baseline and cl["numerator"] in c.backends:
+            backend = cl["numerator"]
+            low, high = (1 / high if high else None), (1 / low if low else None)
+            if low is None:
+                low, high = high, None
+        else:
+            continue
+        sizes = cl.get("where", {}).get("seq_len")
+        sizes = sizes if isinstance(sizes, list) else ([sizes] if sizes else [])
+        bound = f">= {low:.3g}x" if high is None else f"{low:.3g}-{high:.3g}x"
+        at = f" at N = {', '.join(map(str, sizes))}" if sizes else ""
+        out.append({"backend": backend, "low": low, "high": high, "sizes": sizes,
+                    "text": f"{backend} {bound}{at} ({cl.get('source') or 'claim'})"})
+    return out
+
+
+# ---- winners per problem ----------------------------------------------------------------
+
+
+def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
+    """Per problem (run and case) that two or more backends ran: the fastest ok one, its
+    margin over the runner-up with the interval, and whether the margin is significant
+    (paired rounds: the interval excludes 1; otherwise Mann-Whitney p < 0.05)."""
+    problem = [c for c in lines if c not in ("backend",) and c in df.columns]
+    rows = []
+    for (_, _), g in df.groupby(["run_id", "key"], sort=False):
+        if g["backend"].nunique() < 2:
+            continue
+        first = g.iloc[0]
+        row = {"run_id": first["run_id"]} if "run_id" in problem else {}
+        row |= {"N": tables.seq_label(first), "dtype": first["dtype"], "mode": first["mode"],
+                "mask": first["mask"]}
+        row |= {c: first[c] for c in problem if c not in row}
+        ok = g[(g["status"] == "ok") & g["time_ms_median"].notna()].sort_values(
+            "time_ms_median")
+        rest = [f"{r['backend']} {r['status']}" for _, r in g[g["status"] != "ok"].iterrows()]
+        if ok.empty:
+            rows.append(row | {"winner": DASH, "time (ms)": DASH, "runner-up": DASH,
+                               "margin [95% interval]": DASH, "significant": DASH,
+                               "others": "; ".join(rest)})
+            continue
+        w = ok.iloc[0]
+        row |= {"winner": w["backend"], "time (ms)": f"{w['time_ms_median']:.4g}"}
+        if len(ok) < 2:
+            row |= {"runner-up": DASH, "margin [95% interval]": "only ok record",
+                    "significant": DASH}
+        else:
+            r = ok.iloc[1]
+            d = ratios.difference(r, w)  # runner-up's time over the winner's
+            row |= {"runner-up": r["backend"],
+                    "margin [95% interval]": ratios.format_ratio(d.interval),
+                    "significant": d.describe()}
+            rest = [f"{o['backend']} {o['time_ms_median'] / w['time_ms_median']:.3g}x"
+                    for _, o in ok.iloc[2:].iterrows()] + rest
+        rows.append(row | {"others": "; ".join(rest)})
+    return pd.DataFrame(rows)
+
+
+# ---- exponents -------------------------------------------------------------------------
+
+
+def exponent_fits(df: pd.DataFrame, lines: list[str]) -> list[tuple[dict, fits.PowerLaw,
+                                                                    object, object]]:
+    """Per line with 3 or more square sizes: (line, the time fit, the bootstrap interval of
+    its exponent, the peak-memory fit or None)."""
+    ok = df[(df["status"] == "ok") & (df["seq_q"] == df["seq_k"])
+            & df["time_ms_median"].notna()]
+    names = line_groups.shown(df, [c for c in lines if c in df.columns])
+    out = []
+    for line, g in line_groups.groups(ok, names):
+        t = fits.power_law(g["seq_q"], g["time_ms_median"])
+        if t is None:
+            continue
+        mem = g[g["peak_mem_bytes"].notna() & (g["peak_mem_bytes"] > 0)] \
+            if "peak_mem_bytes" in g else g.iloc[0:0]
+        m = fits.power_law(mem["seq_q"], mem["peak_mem_bytes"]) if not mem.empty else None
+        out.append((line, t, fits.exponent_interval(g), m))
+    return out
+
+
+def exponents(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
+    """The exponents of time and peak memory in N per line, with their fits' R^2 (1 is a
+    perfect power law) and the time exponent's 95% interval."""
+    rows = []
+    for line, t, iv, m in exponent_fits(df, lines):
+        rows.append(line | {
+            "N": f"{n_label(t.n_min)}..{n_label(t.n_max)}", "sizes": t.points,
+            "time exponent [95% interval]": f"{t.exponent:.2f} [{iv.low:.2f}, {iv.high:.2f}]",
+            "time fit R^2": f"{t.r2:.3f}",
+            "memory exponent": f"{m.exponent:.2f}" if m else DASH,
+            "memory fit R^2": f"{m.r2:.3f}" if m else DASH})
+    return pd.DataFrame(rows)
+
+
+# ---- statuses, environment -------------------------------------------------------------
+
+
+def reasons(df: pd.DataFrame) -> pd.DataFrame:
+    """Records that are not ok, grouped by status, backend and reason: how many, and where."""
+    bad = df[df["status"] != "ok"]
+    if bad.empty:
+        return pd.DataFrame()
+    rows = []
+    for (status, backend, reason), g in bad.groupby(
+            [bad["status"], bad["backend"], bad["reason"].fillna("")], sort=False):
+        sizes = sorted(set(int(n) for n in g["seq_q"]))
+        where = [f"N {', '.join(n_label(n) for n in sizes)}"]
+        for c in ("dtype", "mask", "mode"):
+            where.append(", ".join(sorted(set(map(str, g[c])))))
+        if g["run_id"].nunique() > 1 or df["run_id"].nunique() > 1:
+            where.append("runs: " + ", ".join(sorted(set(g["run_id"]))))
+        rows.append({"status": status, "backend": backend, "records": len(g),
+                     "reason": reason or DASH, "where": "; ".join(where)})
+    order = {s: i for i, s in enumerate(("unavailable", "unsupported", "oom", "skipped",
+                                         "wrong", "error", "crashed", "timeout"))}
+    return pd.DataFrame(rows).sort_values(["status", "backend"],
+                                          key=lambda s: s.map(order) if s.name == "status"
+                                          else s).reset_index(drop=True)
+
+
+def _copy_ceilings(meta: dict) -> str:
+    """Copy bandwidth per copied size, largest first: ``GB/s: 12.3 (128 MiB copied), 40.1 (1 MiB
+    copied)``."""
+    ceilings = meta.get("ceilings") or {}
+    ladder = copy_ladder(ceilings)[::-1]
+    if not ladder:
+        return f"{ceilings['copy_gbps']:.3g} GB/s" if ceilings.get("copy_gbps") else DASH
+    return "GB/s: " + ", ".join(f"{g:.3g} ({n / 2**20:g} MiB copied)" for n, g in ladder)
+
+
+def _ceilings(meta: dict) -> str:
+    c = meta.get("ceilings") or {}
+    mm = ", ".join(f"{k} {v:.3g}" for k, v in (c.get("matmul_tflops") or {}).items())
+    return f"{mm} TFLOP/s" if mm else DASH
+
+
+def _probe(meta: dict) -> str:
+    p = meta.get("probe") or {}
+    if not p.get("n"):
+        return "not recorded"
+    spread = (f"spread {p['spread']:.0%} of its median" if p.get("spread") is not None
+              else "one reading, no spread")
+    return (f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s, {spread}; "
+            f"{p.get('noisy_records', 0)} record(s) noisy (moved more than "
+            f"{p.get('noise_threshold', 0):.0%})")
+
+
+def _ranks(meta: dict) -> str:
+    """A sharded run's ranks (torchrun): where each measured, with its own ceilings."""
+    entries = meta.get("ranks") or []
+    return "; ".join(f"rank {e.get('rank')}: {e.get('host')} {e.get('device')}, "
+                     f"{(e.get('environment') or {}).get('threads')} threads, "
+                     f"{_ceilings(e)}" for e in entries) or DASH
+
+
+def environment(runs: list[Run]) -> pd.DataFrame:
+    """One column per run: device, capability, versions, ceilings, probe spread, commit."""
+    def field(run: Run, key: str) -> str:
+        v = run.env.get(key)
+        return DASH if v in (None, "") else str(v)
+
+    fields = {
+        "run id": lambda r: r.run_id,
+        "suite": lambda r: r.suite or DASH,
+        "device": lambda r: f"{field(r, 'device_name')} ({field(r, 'device')})",
+        "CPU capability": lambda r: field(r, "cpu_capability"),
+        "GPU capability": lambda r: field(r, "gpu_capability"),
+        "threads": lambda r: field(r, "threads"),
+        "ranks (torchrun)": lambda r: _ranks(r.meta),
+        "torch": lambda r: field(r, "torch"),
+        "triton": lambda r: field(r, "triton"),
+        "CUDA / driver": lambda r: f"{field(r, 'cuda')} / {field(r, 'driver')}",
+        "xformers": lambda r: field(r, "xformers"),
+        "python / numpy": lambda r: f"{field(r, 'python')} / {field(r, 'numpy')}",
+        "platform": lambda r: field(r, "platform"),
+        "commit": lambda r: r.commit,
+        "started / ended": lambda r: f"{r.meta.get('started') or DASH} / "
+                                     f"{r.meta.get('ended') or DASH}",
+        "matmul ceiling": lambda r: _ceilings(r.meta),
+        "copy bandwidth": lambda r: _copy_ceilings(r.meta),
+        "drift probe": lambda r: _probe(r.meta),
+        "records": lambda r: tables.status_counts(r.records) if not r.records.empty else "0",
+    }
+    table = pd.DataFrame({r.label: {k: f(r) for k, f in fields.items()} for r in runs})
+    if (table.loc["ranks (torchrun)"] == DASH).all():  # no run was sharded
+        table = table.drop(index="ranks (torchrun)")
+    table.index.name = "field"
+    return table
+
+
+# ---- headline --------------------------------------------------------------------------
+
+
+def comparison_headline(c: Comparison, sp: pd.DataFrame) -> str | None:
+    """At the largest size with a ratio: the fastest backend against the baseline."""
+    if sp.empty or "speedup" not in sp or sp["speedup"].isna().all():
+        return None
+    ok = sp[sp["speedup"].notna()]
+    top = ok[ok["seq_q"] == ok["seq_q"].max()]
+    best = top.loc[top["speedup"].astype(float).idxmax()]
+    where = f"N = {tables.seq_label(best)}, {best['dtype']} {best['mode']}"
+    iv = ratios.format_ratio(_interval(best))
+    sig = "" if best["significant"] else \
+        f", not significant {str(best['significance']).removeprefix('no ')}"
+    if best["speedup"] >= 1:
+        return f"{c.name}: {best['backend']} {iv} faster than {c.baseline} at {where}{sig}"
+    return (f"{c.name}: {c.baseline} fastest at {where}; best of the rest {best['backend']} "
+            f"{iv}{sig}")
+
+
+def claim_verdicts(df: pd.DataFrame, claims: list[dict]) -> str | None:
+    """'goals: 2 holds, 1 inconclusive' over a run's claims."""
+    if not claims:
+        return None
+    counts = Counter(claims_table(df, claims)["verdict"])
+    return "goals: " + ", ".join(f"{n} {v}" for v, n in counts.most_common())

@@ -1,0 +1,528 @@
+"""The report's charts: time, speedup, TFLOP/s, memory, error, and error against time.
+
+Every chart draws one line per ``tables.line_columns`` line (a knob sweep or a second run
+gets a line of its own), keeps a backend's colour the same across a report (``Palette``),
+and marks each point that is not ok with its status along the bottom of the plot, so a
+missing point is never silent. Sizes and values that span a decade get log axes. Each
+function writes one PNG and returns a ``Chart`` (its file, alt text and status marks), or
+None when it has nothing to draw.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import (  # noqa: E402
+    FuncFormatter,
+    LogLocator,
+    NullFormatter,
+    NullLocator,
+)
+
+from attnbench.core import accuracy  # noqa: E402
+from attnbench.reporting import guide_lines  # noqa: E402
+from attnbench.reporting import lines as line_groups  # noqa: E402
+
+DPI = 100
+SIZE = (6.4, 4.2)
+MIB = 2.0 ** 20
+ERROR_FLOOR = 1e-12  # errors of exactly 0 are drawn here on log axes
+DRAWN = ("ok", "wrong")  # statuses whose measured values are drawn (wrong ones crossed)
+
+
+@dataclass
+class Chart:
+    path: Path
+    alt: str
+    marks: list[tuple[str, int, str]] = field(default_factory=list)  # (line, N, status)
+
+
+class Palette:
+    """Backend -> colour, run -> line style, the rest of a line (mask, knobs) -> marker.
+    One palette serves a whole report, so a backend looks the same in every chart."""
+
+    COLORS = [matplotlib.colors.to_hex(c) for c in plt.get_cmap("tab10").colors]
+    STYLES = ["-", "--", ":", "-."]
+    MARKERS = ["o", "s", "^", "D", "v", "P", "*", "h", "X", "<"]
+
+    def __init__(self):
+        self._seen: dict[str, dict] = {"color": {}, "style": {}, "marker": {}}
+
+    def _pick(self, kind: str, key, options: list):
+        seen = self._seen[kind]
+        if key not in seen:
+            seen[key] = options[len(seen) % len(options)]
+        return seen[key]
+
+    def color(self, backend: str) -> str:
+        return self._pick("color", backend, self.COLORS)
+
+    def of(self, line: dict) -> dict:
+        rest = tuple((k, str(v)) for k, v in line.items()
+                     if k not in ("backend", "run_id", "dtype", "mode"))
+        return {"color": self.color(str(line.get("backend"))),
+                "linestyle": self._pick("style", str(line.get("run_id", "")), self.STYLES),
+                "marker": self._pick("marker", rest, self.MARKERS)}
+
+
+class Lines:
+    """The lines of one chart's records: grouping, labels (the columns that vary here),
+    styles, and a horizontal dodge when every line sits at one size."""
+
+    def __init__(self, records: pd.DataFrame, lines: list[str], palette: Palette | None):
+        self.names = [c for c in lines if c in records.columns]
+        self.shown = line_groups.shown(records, self.names)
+        self.palette = palette or Palette()
+        self.sizes = sorted(set(int(n) for n in records["seq_q"]))
+        self.groups = line_groups.groups(records, self.names)
+        self.mark_slots: dict[str, int] = {}
+        self.written: set[tuple] = set()
+
+    def label(self, line: dict) -> str:
+        return line_groups.label(line, self.shown)
+
+    def style(self, line: dict) -> dict:
+        return self.palette.of({c: line[c] for c in self.names})
+
+    def x(self, i: int, ns) -> np.ndarray:
+        """Sizes as drawn: nudged apart when there is only one size, so intervals of
+        different lines do not hide each other."""
+        ns = np.asarray(ns, dtype=float)
+        if len(self.sizes) != 1 or len(self.groups) < 2:
+            return ns
+        return ns * 2.0 ** (0.07 * (i - (len(self.groups) - 1) / 2))
+
+    def mark(self, ax, chart: Chart, line: dict, n: int, x: float, status: str) -> None:
+        """A status drawn at size n along the bottom of the axes, one row per line."""
+        label = self.label(line)
+        slot = self.mark_slots.setdefault(label, len(self.mark_slots))
+        color = self.style(line)["color"]
+        trans = ax.get_xaxis_transform()
+        y = 0.035 + 0.075 * (slot % 10)
+        ax.plot([x], [y], marker="x", color=color, transform=trans, linestyle="none",
+                markersize=7, clip_on=False)
+        if (id(ax), label, status) not in self.written:  # the word once per line and status
+            self.written.add((id(ax), label, status))
+            edge = "right" if n >= max(self.sizes) else "left" if n <= min(self.sizes) \
+                else "center"  # the word stays inside the axes at the first and last size
+            ax.annotate(status, (x, y), xycoords=trans, xytext=(0, 4.5),
+                        textcoords="offset points", fontsize=6.5, color=color, ha=edge,
+                        annotation_clip=False)
+        chart.marks.append((label, n, status))
+
+    def reserve(self, ax) -> None:
+        """Lower the bottom of the y axis so that the rows of status marks sit below the
+        data instead of on it."""
+        if not self.mark_slots or not ax.has_data():
+            return
+        frac = min(0.05 + 0.075 * min(len(self.mark_slots), 10), 0.7)
+        low, high = ax.get_ylim()
+        if ax.get_yscale() == "log" and low > 0:
+            ax.set_ylim(low / (high / low) ** (frac / (1 - frac)), high)
+        elif high > low:
+            ax.set_ylim(low - (high - low) * frac / (1 - frac), high)
+
+    def note(self, chart: Chart, line: dict, rows: pd.DataFrame, status: str) -> None:
+        """Statuses of points drawn in place (wrong ones): listed, not drawn again."""
+        chart.marks += [(self.label(line), int(n), status) for n in rows["seq_q"]]
+
+
+def n_label(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _x_axis(ax, sizes: list[int], rectangular: bool = False) -> None:
+    if not sizes:
+        return
+    if len(sizes) == 1 or max(sizes) / min(sizes) >= 10:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([n_label(n) for n in sizes])
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(sizes) == 1:
+        ax.set_xlim(sizes[0] / 1.6, sizes[0] * 1.6)
+    ax.set_xlabel("sequence length N" + (" (queries)" if rectangular else ""))
+
+
+def _y_axis(ax, values, label: str, force_log: bool = False) -> None:
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x) and x > 0])
+    if force_log or (v.size and v.max() / v.min() >= 10):
+        ax.set_yscale("log")
+        if v.size and v.max() / v.min() < 1e4:
+            _plain_log_ticks(ax.yaxis)
+    ax.set_ylabel(label)
+
+
+def _finish(fig, ax_or_axes, path: Path, title: str) -> None:
+    """Grid, one legend below the plots (it never hides a point), title, file."""
+    axes = list(np.ravel(ax_or_axes))
+    for ax in axes:
+        ax.grid(True, which="major", alpha=0.3)
+    entries: dict = {}
+    for ax in axes:
+        handles, labels = ax.get_legend_handles_labels()
+        entries |= {lab: h for lab, h in zip(labels, handles) if lab not in entries}
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if entries:
+        fig.legend(entries.values(), entries.keys(), fontsize=7, frameon=False,
+                   loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=2 if len(entries) > 3 else 1)
+    tmp = path.with_name(f".{path.name}.tmp")  # atomic: a reader never sees half a chart
+    fig.savefig(tmp, dpi=DPI, bbox_inches="tight", pad_inches=0.15, format="png")
+    os.replace(tmp, path)
+    plt.close(fig)
+
+
+def _plain_log_ticks(axis) -> None:
+    """Log ticks at 1, 2, 5 per decade written as plain numbers (no 3x10^0 clutter)."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _alt(what: str, lines: Lines, facet: str, marks: list, extra: str = "") -> str:
+    labels = "; ".join(lines.label(line) for line, _ in lines.groups)
+    text = f"{what}, {facet}: {labels}." if facet else f"{what}: {labels}."
+    if extra:
+        text += f" {extra}"
+    if marks:
+        text += " Marked: " + "; ".join(f"{lab} at N={n}: {s}" for lab, n, s in marks) + "."
+    return text
+
+
+def _rectangular(records: pd.DataFrame) -> bool:
+    return bool((records["seq_q"] != records["seq_k"]).any())
+
+
+def _band(ax, x, low, high, color) -> None:
+    if len(x) > 1:
+        ax.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
+
+
+def _wrong(ax, x, y, color) -> None:
+    ax.scatter(x, y, marker="X", s=70, color="#c00000", edgecolors=color, zorder=5)
+    for xi, yi in zip(x, y):
+        ax.annotate("wrong", (xi, yi), xytext=(5, 4), textcoords="offset points", fontsize=7,
+                    color="#c00000")
+
+
+def time_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],
+               palette: Palette | None = None, facet: str = "") -> Chart | None:
+    """Median time against N, its 95% interval as whiskers and a band."""
+    if records.empty:
+        return None
+    ls = Lines(records, lines, palette)
+    fig, ax = plt.subplots(figsize=SIZE)
+    chart = Chart(path, "")
+    values = []
+    for i, (line, g) in enumerate(ls.groups):
+        st = ls.style(line)
+        has = g["status"].isin(DRAWN) & g["time_ms_median"].notna() \
+            if "time_ms_median" in g else pd.Series(False, index=g.index)
+        ok = g[has & (g["status"] == "ok")]
+        if not ok.empty:
+            x, y = ls.x(i, ok["seq_q"]), ok["time_ms_median"].to_numpy(float)
+            low = ok.get("time_ms_ci_low", ok["time_ms_median"]).fillna(ok["time_ms_median"])
+            high = ok.get("time_ms_ci_high", ok["time_ms_median"]).fillna(ok["time_ms_median"])
+            low, high = low.to_numpy(float), high.to_numpy(float)
+            ax.errorbar(x, y, yerr=[np.clip(y - low, 0, None), np.clip(high - y, 0, None)],
+                        label=ls.label(line), capsize=2, markersize=5, **st)
+            _band(ax, x, low, high, st["color"])
+            values += [*low, *high]
+        else:
+            ax.plot([], [], label=ls.label(line) + " (no ok point)", **st)
+        wrong = g[has & (g["status"] == "wrong")]
+        if not wrong.empty:
+            _wrong(ax, ls.x(i, wrong["seq_q"]), wrong["time_ms_median"], st["color"])
+            ls.note(chart, line, wrong, "wrong")
+            values += list(wrong["time_ms_median"])
+        for _, r in g[~has].iterrows():
+            ls.mark(ax, chart, line, int(r["seq_q"]), float(ls.x(i, [r["seq_q"]])[0]),
+                    r["status"])
+    _x_axis(ax, ls.sizes, _rectangular(records))
+    _y_axis(ax, values, "median time (ms), 95% interval")
+    ls.reserve(ax)
+    _finish(fig, ax, path, title)
+    chart.alt = _alt("Median time in milliseconds against sequence length, with 95% interval "
+                     "bands", ls, facet, chart.marks)
+    return chart
+
+
+def speedup_chart(speedups: pd.DataFrame, title: str, path: Path, lines: list[str],
+                  baseline: str, goals: list[dict] | None = None,
+                  palette: Palette | None = None, facet: str = "") -> Chart | None:
+    """The baseline's time over each backend's, with its 95% interval; filled markers where
+    the interval excludes 1 (significant), hollow where it does not."""
+    if speedups.empty:
+        return None
+    ls = Lines(speedups, lines, palette)
+    fig, ax = plt.subplots(figsize=SIZE)
+    chart = Chart(path, "")
+    values = [1.0]
+    ax.axhline(1.0, color="#444444", linewidth=1, label=f"baseline: {baseline}")
+    for i, (line, g) in enumerate(ls.groups):
+        st = ls.style(line)
+        has = g["speedup"].notna() if "speedup" in g else pd.Series(False, index=g.index)
+        ok = g[has]
+        if not ok.empty:
+            x, y = ls.x(i, ok["seq_q"]), ok["speedup"].to_numpy(float)
+            low, high = ok["speedup_low"].to_numpy(float), ok["speedup_high"].to_numpy(float)
+            ax.errorbar(x, y, yerr=[np.clip(y - low, 0, None), np.clip(high - y, 0, None)],
+                        label=ls.label(line), capsize=3, markersize=6, **st)
+            _band(ax, x, low, high, st["color"])
+            faint = ~ok["significant"].astype(bool).to_numpy()
+            if faint.any():
+                ax.scatter(x[faint], y[faint], marker=st["marker"], s=40, color="white",
+                           edgecolors=st["color"], zorder=4)
+            values += [*low, *high]
+        else:
+            ax.plot([], [], label=ls.label(line) + " (no ratio)", **st)
+        for _, r in g[~has].iterrows():
+            why = r["status"] if r["status"] != "ok" else (
+                "no baseline" if r.get("baseline_status") == "missing"
+                else f"baseline {r.get('baseline_status')}")
+            ls.mark(ax, chart, line, int(r["seq_q"]), float(ls.x(i, [r["seq_q"]])[0]), why)
+    for goal in goals or []:
+        color = ls.palette.color(goal["backend"])
+        ns = goal.get("sizes") or []
+        for bound in [b for b in (goal["low"], goal.get("high")) if b is not None]:
+            if ns:
+                for n in ns:
+                    ax.plot([n / 1.3, n * 1.3], [bound, bound], linestyle="--", color=color,
+                            linewidth=1.5)
+            else:
+                ax.axhline(bound, linestyle="--", color=color, linewidth=1)
+            values.append(bound)
+        ax.plot([], [], linestyle="--", color=color, label=f"goal: {goal['text']}")
+    _x_axis(ax, ls.sizes, _rectangular(speedups))
+    _y_axis(ax, values, f"speedup over {baseline.split(' (')[0]} (x)")
+    ls.reserve(ax)
+    _finish(fig, ax, path, title)
+    extra = "Filled markers: the 95% interval excludes 1 (significant); hollow: it does not."
+    if goals:
+        extra += " Dashed: " + "; ".join(g["text"] for g in goals) + "."
+    chart.alt = _alt(f"Speedup over {baseline} against sequence length, with 95% intervals",
+                     ls, facet, chart.marks, extra)
+    return chart
+
+
+def tflops_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],
+                 ceilings: dict[str, float], palette: Palette | None = None,
+                 facet: str = "") -> Chart | None:
+    """TFLOP/s of the work each backend performs, and the run's measured matmul ceiling."""
+    if records.empty or "tflops" not in records or records["tflops"].isna().all():
+        return None
+    ls = Lines(records, lines, palette)
+    fig, ax = plt.subplots(figsize=SIZE)
+    chart = Chart(path, "")
+    values = []
+    for i, (line, g) in enumerate(ls.groups):
+        st = ls.style(line)
+        ok = g[(g["status"] == "ok") & g["tflops"].notna()]
+        if not ok.empty:
+            ax.plot(ls.x(i, ok["seq_q"]), ok["tflops"], label=ls.label(line), **st)
+            values += list(ok["tflops"])
+        else:
+            ax.plot([], [], label=ls.label(line) + " (no ok point)", **st)
+        for _, r in g[~g.index.isin(ok.index)].iterrows():
+            ls.mark(ax, chart, line, int(r["seq_q"]), float(ls.x(i, [r["seq_q"]])[0]),
+                    r["status"])
+    styles = iter(["--", "-.", ":", (0, (5, 1))])
+    for run, value in ceilings.items():
+        ax.axhline(value, color="#222222", linestyle=next(styles, "--"), linewidth=1.2,
+                   label=f"measured matmul ceiling{'' if len(ceilings) < 2 else ' ' + run}: "
+                         f"{value:.3g} TFLOP/s")
+        values.append(value)
+    _x_axis(ax, ls.sizes, _rectangular(records))
+    _y_axis(ax, values, "TFLOP/s (work the backend performs)")
+    ls.reserve(ax)
+    _finish(fig, ax, path, title)
+    extra = ("Horizontal line: the matmul rate measured at the start of the run."
+             if ceilings else "No ceiling was measured for this dtype.")
+    chart.alt = _alt("Throughput in TFLOP/s against sequence length", ls, facet, chart.marks,
+                     extra)
+    return chart
+
+
+def memory_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],
+                 palette: Palette | None = None, facet: str = "") -> Chart | None:
+    """Peak memory including the inputs, with the inputs+output floor and one N x N score
+    matrix above it."""
+    if records.empty or "peak_mem_bytes" not in records or records["peak_mem_bytes"].isna().all():
+        return None
+    ls = Lines(records, lines, palette)
+    fig, ax = plt.subplots(figsize=SIZE)
+    chart = Chart(path, "")
+    values = []
+    for i, (line, g) in enumerate(ls.groups):
+        st = ls.style(line)
+        totals = g.apply(guide_lines.footprint_bytes, axis=1)
+        ok = g[(g["status"] == "ok") & totals.notna()]
+        if not ok.empty:
+            y = totals[ok.index].to_numpy(float) / MIB
+            ax.plot(ls.x(i, ok["seq_q"]), y, label=ls.label(line), **st)
+            values += list(y)
+        else:
+            ax.plot([], [], label=ls.label(line) + " (no ok point)", **st)
+        for _, r in g[~g.index.isin(ok.index)].iterrows():
+            ls.mark(ax, chart, line, int(r["seq_q"]), float(ls.x(i, [r["seq_q"]])[0]),
+                    r["status"])
+    shapes = records.drop_duplicates(["batch", "heads_q", "heads_kv", "head_dim",
+                                      "head_dim_v", "dtype", "mode", "seq_q", "seq_k"])
+    keys = ["batch", "heads_q", "heads_kv", "head_dim", "head_dim_v", "dtype", "mode"]
+    groups = list(shapes.groupby(keys, sort=False))
+    for key, s in groups:
+        s = s.sort_values("seq_q")
+        floor = s.apply(guide_lines.memory_floor_bytes, axis=1).to_numpy(float) / MIB
+        scores = s.apply(guide_lines.score_matrix_bytes, axis=1).to_numpy(float) / MIB
+        which = "" if len(groups) == 1 else f" (B={key[0]}, Hq={key[1]}, D={key[3]})"
+        ax.plot(s["seq_q"], floor, color="#555555", linestyle="--", linewidth=1,
+                label="floor: inputs + outputs" + which)
+        ax.plot(s["seq_q"], floor + scores, color="#555555", linestyle=":", linewidth=1.2,
+                label=f"floor + one B·Hq·N² score matrix ({key[5]})" + which)
+        values += [*floor, *(floor + scores)]
+    _x_axis(ax, ls.sizes, _rectangular(records))
+    _y_axis(ax, values, "peak memory incl. inputs (MiB)")
+    ls.reserve(ax)
+    _finish(fig, ax, path, title)
+    chart.alt = _alt("Peak memory in MiB, inputs included, against sequence length", ls, facet,
+                     chart.marks, "Dashed: the inputs plus outputs floor; dotted: the floor "
+                                  "plus one materialized score matrix.")
+    return chart
+
+
+def error_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],
+                palette: Palette | None = None, facet: str = "") -> Chart | None:
+    """Relative L2 error against the float64 evaluation, per output tensor, with the dtype's
+    tolerance (above it a record is wrong)."""
+    tensors = [t for t in accuracy.TENSORS
+               if f"err_impl_{t}_rel" in records and records[f"err_impl_{t}_rel"].notna().any()]
+    if records.empty or not tensors:
+        return None
+    ls = Lines(records, lines, palette)
+    fig, axes = plt.subplots(1, len(tensors), figsize=(max(SIZE[0], 3.6 * len(tensors)),
+                                                       SIZE[1]), squeeze=False)
+    chart = Chart(path, "")
+    dtypes = sorted(set(records["dtype"]))
+    for ax, tensor in zip(axes[0], tensors):
+        col = f"err_impl_{tensor}_rel"
+        values = []
+        for i, (line, g) in enumerate(ls.groups):
+            st = ls.style(line)
+            has = g["status"].isin(DRAWN) & g[col].notna()
+            ok = g[has & (g["status"] == "ok")]
+            if not ok.empty:
+                y = np.maximum(ok[col].to_numpy(float), ERROR_FLOOR)
+                ax.plot(ls.x(i, ok["seq_q"]), y, label=ls.label(line), **st)
+                values += list(y)
+            else:
+                ax.plot([], [], label=ls.label(line) + " (no ok point)", **st)
+            wrong = g[has & (g["status"] == "wrong")]
+            if not wrong.empty:
+                y = np.maximum(wrong[col].to_numpy(float), ERROR_FLOOR)
+                _wrong(ax, ls.x(i, wrong["seq_q"]), y, st["color"])
+                if tensor == tensors[0]:
+                    ls.note(chart, line, wrong, "wrong")
+                values += list(y)
+            if tensor == tensors[0]:
+                for _, r in g[~has].iterrows():
+                    why = r["status"] if r["status"] != "wrong" else "wrong (NaN/Inf)"
+                    ls.mark(ax, chart, line, int(r["seq_q"]),
+                            float(ls.x(i, [r["seq_q"]])[0]), why)
+        for dtype in dtypes:
+            tol = accuracy.tolerance(dtype, tensor)
+            ax.axhline(tol, color="#c00000", linestyle="--", linewidth=1,
+                       label=f"{dtype} tolerance {tol:.0e}")
+            values.append(tol)
+        _x_axis(ax, ls.sizes, _rectangular(records))
+        _y_axis(ax, values, f"{tensor}: relative L2 error vs float64", force_log=True)
+        ax.set_title(tensor, fontsize=9)
+    ls.reserve(axes[0][0])
+    _finish(fig, axes[0], path, title)
+    chart.alt = _alt("Relative L2 error against the float64 evaluation, per output tensor, "
+                     "with the dtype's tolerance as a dashed line", ls, facet, chart.marks)
+    return chart
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both time and error (both lower is
+    better), in order of time."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    front, best = [], math.inf
+    for i in order:
+        if points[i][1] < best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def pareto_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],
+                 palette: Palette | None = None, facet: str = "") -> Chart | None:
+    """Error against exact softmax over time, one panel per size; the Pareto front (nothing
+    both faster and more accurate) joined by a step line and ringed."""
+    col = "err_vs_softmax_out_rel"
+    if records.empty or col not in records:
+        return None
+    usable = records[(records["status"] == "ok") & records[col].notna()
+                     & records["time_ms_median"].notna()]
+    sizes = sorted(set(int(n) for n in usable["seq_q"]))
+    if not sizes:
+        return None
+    ls = Lines(records, lines, palette)
+    cols = min(len(sizes), 3)
+    rows = math.ceil(len(sizes) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.9 * cols, 3.5 * rows), squeeze=False)
+    chart = Chart(path, "")
+    fronts = []
+    for ax, n in zip(axes.ravel(), sizes):
+        points, styles = [], []
+        for line, g in ls.groups:
+            for _, r in g[g["seq_q"] == n].iterrows():
+                if r["status"] == "ok" and pd.notna(r[col]) and pd.notna(r["time_ms_median"]):
+                    points.append((float(r["time_ms_median"]), max(float(r[col]), ERROR_FLOOR)))
+                    styles.append((line, ls.style(line)))
+        for (x, y), (line, st) in zip(points, styles):
+            ax.plot([x], [y], linestyle="none", marker=st["marker"], color=st["color"],
+                    markersize=7, label=ls.label(line))
+        front = pareto_front(points)
+        fx = [points[i][0] for i in front]
+        fy = [points[i][1] for i in front]
+        ax.plot(fx, fy, color="#222222", linewidth=1, drawstyle="steps-post", zorder=1)
+        ax.scatter(fx, fy, s=160, facecolors="none", edgecolors="#222222", linewidths=1.2,
+                   zorder=2)
+        fronts.append(f"N={n}: " + ", ".join(ls.label(styles[i][0]) for i in front))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.xaxis)
+        ax.set_title(f"N = {n_label(n)}", fontsize=9)  # with what is not ok, below
+        ax.set_xlabel("median time (ms)")
+        ax.set_ylabel("relative L2 error vs exact softmax")
+        ax.grid(True, which="major", alpha=0.3)
+        missing = [(line, r) for line, g in ls.groups for _, r in g[g["seq_q"] == n].iterrows()
+                   if r["status"] != "ok"]
+        for line, r in missing:
+            chart.marks.append((ls.label(line), n, r["status"]))
+        if missing:
+            note = textwrap.fill("not ok: " + ", ".join(f"{ls.label(line)} {r['status']}"
+                                                        for line, r in missing), 55)
+            ax.set_title(f"N = {n_label(n)}\n{note}", fontsize=7.5)
+    for ax in axes.ravel()[len(sizes):]:
+        ax.set_visible(False)
+    axes[0][0].plot([], [], color="#222222", marker="o", fillstyle="none", markersize=10,
+                    linewidth=1, label="Pareto front (nothing faster and more accurate)")
+    _finish(fig, axes.ravel()[:len(sizes)], path, title)
+    chart.alt = _alt("Error against exact softmax over median time, one panel per sequence "
+                     "length, the Pareto front ringed and joined", ls, facet, chart.marks,
+                     "Front: " + "; ".join(fronts) + ".")
+    return chart

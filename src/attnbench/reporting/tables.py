@@ -1,0 +1,131 @@
+"""Pivot tables of records: one row per line, one column per sequence length.
+
+"The same line" has one definition, ``line_columns``: dtype, mask, mode and backend, plus
+every other case field (and the run, when several are shown) that varies among the
+records. Two records never share a cell silently: knob sweeps (linear's feature_map elu vs
+favor, a scale sweep) get a row each. Values are formatted by their metric's declaration;
+a time shows its 95% interval's half-width.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from attnbench.core import metrics
+from attnbench.core.record import CASE_COLUMNS
+
+STATUS_SHORT = {"unavailable": "n/a", "unsupported": "unsup", "skipped": "skip"}
+ALWAYS = ["dtype", "mask", "mode", "backend"]
+SIZE_COLUMNS = ("seq_q", "seq_k")  # the table's columns, never part of a line
+NOT_LINES = ("device", "block_pairs")  # device: one per run; block_pairs: lists
+
+
+def line_columns(df: pd.DataFrame) -> list[str]:
+    """The columns that identify a table row (a line over N) in these records.
+
+    A column that the lengths determine (a suite's ``batch = "16384 // seq_len"``: one value
+    per N) moves along the line with N rather than starting a line per value
+    (``moving_with_n`` lists them, for the captions)."""
+    varying = [c for c in _case_columns(df) if df[c].astype(str).nunique(dropna=False) > 1]
+    moving = set(moving_with_n(df))
+    return [c for c in varying if c not in moving] + [c for c in ALWAYS if c in df.columns]
+
+
+def moving_with_n(df: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """Case columns that vary but hold one value per sequence length: column -> {N label:
+    value}. They are not lines; a table says them in its caption, since its rows cannot."""
+    sizes = [c for c in SIZE_COLUMNS if c in df.columns]
+    if not sizes or df.empty:
+        return {}
+    out = {}
+    for c in _case_columns(df):
+        if c == "run_id":  # two runs at different lengths are two lines, never one
+            continue
+        values = df[c].astype(str)
+        if values.nunique(dropna=False) > 1 and \
+                values.groupby([df[s] for s in sizes]).nunique().max() == 1:
+            firsts = df.assign(_v=values).drop_duplicates(sizes).sort_values(sizes)
+            out[c] = {seq_label(r): r["_v"] for _, r in firsts.iterrows()}
+    return out
+
+
+def moving_caption(df: pd.DataFrame) -> str:
+    """'Moving with N, not a row of its own: batch (1024: 16, 2048: 8).', or ''."""
+    moving = moving_with_n(df)
+    if not moving:
+        return ""
+    return "Moving with N, not a row of its own: " + "; ".join(
+        f"{c} (" + ", ".join(f"{n}: {v}" for n, v in by_n.items()) + ")"
+        for c, by_n in moving.items()) + "."
+
+
+def _case_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in ["run_id", *CASE_COLUMNS] if c in df.columns and c not in ALWAYS
+            and c not in SIZE_COLUMNS and c not in NOT_LINES]
+
+
+def seq_label(row) -> str:
+    return str(row["seq_q"]) if row["seq_q"] == row["seq_k"] else f"{row['seq_q']}/{row['seq_k']}"
+
+
+def _format(row, value_col: str) -> str:
+    value = row.get(value_col)
+    try:
+        text = metrics.get(value_col).format(value)
+    except KeyError:  # a derived or informational column (e.g. kernel)
+        text = "" if value is None or (isinstance(value, float) and pd.isna(value)) \
+            else (f"{value:.3g}" if isinstance(value, float) else str(value))
+    if value_col == "time_ms_median" and text and pd.notna(row.get("time_ms_ci_high")):
+        half = max(row["time_ms_ci_high"] - value, value - row["time_ms_ci_low"]) / value
+        text += f" ±{half:.0%}"
+    return text
+
+
+def _cell(row, value_col: str) -> str:
+    text = _format(row, value_col) if pd.notna(row.get(value_col)) else ""
+    if row["status"] == "ok" and text:
+        return text + (" ~" if row.get("noisy") is True else "")
+    if row["status"] == "wrong" and text:
+        return text + " WRONG"
+    return STATUS_SHORT.get(row["status"], row["status"])
+
+
+def pivot(df: pd.DataFrame, value_col: str = "time_ms_median",
+          lines: list[str] | None = None) -> pd.DataFrame:
+    """One row per line (``line_columns``), one column per sequence length."""
+    if df.empty:
+        return pd.DataFrame()
+    lines = [c for c in (lines or line_columns(df)) if c in df.columns]
+    d = df.copy()
+    for c in lines:  # NaN (e.g. scale=None) would drop the row from a pivot
+        d[c] = d[c].astype(object).where(d[c].notna(), "-")
+    d["N"] = d.apply(seq_label, axis=1)
+    d["cell"] = d.apply(lambda r: _cell(r, value_col), axis=1)
+    order = (d.drop_duplicates("N").sort_values(["seq_q", "seq_k"])["N"].tolist())
+    table = d.pivot_table(index=lines, columns="N", values="cell",
+                          aggfunc=lambda cells: " | ".join(cells))  # never drop a record
+    return table.reindex(columns=order).fillna("")
+
+
+def to_text(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "(no records)"
+    return table.to_string()
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "_no records_\n"
+    index_names = list(table.index.names)
+    header = "| " + " | ".join(index_names + [str(c) for c in table.columns]) + " |"
+    sep = "|" + "---|" * (len(index_names) + len(table.columns))
+    rows = []
+    for idx, row in table.iterrows():
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        rows.append("| " + " | ".join([str(i) for i in idx] + [str(v) for v in row]) + " |")
+    return "\n".join([header, sep, *rows]) + "\n"
+
+
+def status_counts(df: pd.DataFrame) -> str:
+    counts = df["status"].value_counts()
+    return ", ".join(f"{n} {s}" for s, n in counts.items())

@@ -1,0 +1,61 @@
+"""Which jobs are timed together in interleaved rounds.
+
+Backends that run the same problem (one case key) form a group. A ratio claim whose sides
+select different cases (a window against causal), and a comparison paired on shape, join
+the two sides' groups when their shapes match (claims.SHAPE), so their ratios come from
+paired rounds too. Groups keep the
+order in which the suite lists their first job (sizes rising within a line).
+"""
+
+from __future__ import annotations
+
+from attnbench.analysis.claims import SHAPE, side_matches
+from attnbench.core.case import Case
+from attnbench.core.where import case_matches
+
+Job = tuple[Case, str]
+
+
+def _shape(case: Case) -> tuple:
+    return tuple(getattr(case, f) for f in SHAPE)
+
+
+def _sides(claims, comparisons):
+    """(is_numerator_side, is_denominator_side) predicates of every shape-joined pairing."""
+    for claim in claims or []:
+        if claim.get("kind") == "ratio" and ({"numerator_where", "denominator_where"}
+                                              & set(claim)):
+            yield (lambda c, b, cl=claim: side_matches(cl, "numerator", c, b),
+                   lambda c, b, cl=claim: side_matches(cl, "denominator", c, b))
+    for comp in comparisons or []:
+        if comp.pair == "shape":
+            yield (lambda c, b, k=comp: b == k.baseline
+                   and case_matches(c, k.where | k.baseline_where),
+                   lambda c, b, k=comp: b in k.backends
+                   and case_matches(c, k.where | k.backends_where))
+
+
+def job_groups(jobs: list[Job], claims: list[dict] | None = None,
+               comparisons: list | None = None) -> list[list[Job]]:
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: str, b: str) -> None:
+        parent[find(a)] = find(b)
+
+    for case, _ in jobs:
+        find(case.key)
+    for first, second in _sides(claims, comparisons):
+        num = {_shape(c): c.key for c, b in jobs if first(c, b)}
+        for c, b in jobs:
+            if second(c, b) and _shape(c) in num:
+                union(c.key, num[_shape(c)])
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(find(job[0].key), []).append(job)
+    return list(groups.values())

@@ -1,0 +1,435 @@
+"""Suites: TOML data describing sweeps. Loaded, validated, expanded into (case, backend) jobs.
+
+Validation errors are ``BadInput`` with one line naming the file, the key, the bad value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import math
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from attnbench.analysis.claims import validate_claims
+from attnbench.analysis.comparisons import Comparison, validate_comparisons
+from attnbench.core.case import MODES, Case
+from attnbench.core.dtypes import DTYPES, canonical_dtype
+from attnbench.core.errors import BadInput
+from attnbench.core.masks import MASK_KINDS, MaskSpec
+from attnbench.measure.timing import TimingBudget
+from attnbench.runs import arith
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+TOP_KEYS = ("name", "description", "backends", "axes", "derive", "exclude", "timing", "defaults",
+            "sweep", "claim", "comparison")
+SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude", "devices")
+DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it runs on
+TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
+               "timeout_s": float, "target_rel": float, "noise_threshold": float,
+               "processes": int, "slow_dtype_factor": float}
+# Upper bounds: beyond them a value is a typo, not a plan (a week, a million samples).
+TIMING_MAX = {"warmup_s": 3600.0, "budget_s": 86400.0, "timeout_s": 604800.0,
+              "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
+              "noise_threshold": 100.0, "processes": 100}
+CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
+AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
+INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
+POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
+                 "head_dim_v", "block_size", "num_features", "memory_budget_mb",
+                 "linformer_k"}
+SEQ_AXES = ("seq_len", "seq_q", "seq_k")
+
+
+@dataclass
+class Sweep:
+    name: str
+    backends: list[str]
+    axes: dict[str, list]
+    exclude: list[dict[str, list]] = field(default_factory=list)
+    # axes computed from the others at each point (``batch = "16384 // seq_len"``)
+    derive: dict[str, arith.Expression] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()  # device types this sweep runs on; () = every device
+
+    def runs_on(self, device: str) -> bool:
+        return not self.devices or device.split(":")[0] in self.devices
+
+    def cases(self) -> list[Case]:
+        names = [a for a in self.axes if a not in SEQ_AXES] + [a for a in SEQ_AXES
+                                                                 if a in self.axes]
+        out = []
+        for values in itertools.product(*(self.axes[n] for n in names)):
+            point = dict(zip(names, values))
+            for axis, expression in self.derive.items():
+                point[axis] = _derived_value(axis, expression, point)
+            if any(_matches(ex, point) for ex in self.exclude if "backend" not in ex):
+                continue
+            if "seq_len" in point:
+                n = point.pop("seq_len")
+                point.setdefault("seq_q", n)
+                point.setdefault("seq_k", n)
+            point.setdefault("heads_kv", point.get("heads_q", Case.heads_q))
+            point.setdefault("head_dim_v", point.get("head_dim", Case.head_dim))
+            out.append(Case(**point))
+        return out
+
+    def backend_excluded(self, case: Case, backend: str) -> bool:
+        point = case.to_dict() | {"backend": backend, "seq_len": case.seq_q}
+        return any(_matches(ex, point) for ex in self.exclude if "backend" in ex)
+
+
+def _derived_value(axis: str, expression: arith.Expression, point: dict) -> int:
+    """``expression`` at ``point``, checked like a value written in the suite."""
+    env = dict(point)
+    if "seq_len" not in env and env.get("seq_q") is not None:
+        env.setdefault("seq_len", env["seq_q"])
+    try:
+        value = expression(env)
+    except arith.ArithError as exc:
+        raise ValueError(f"derive.{axis} = {expression.text!r}: {exc}") from None
+    if axis in POSITIVE_AXES and value <= 0:
+        at = ", ".join(f"{n}={env[n]}" for n in sorted(expression.names))
+        raise ValueError(f"derive.{axis} = {expression.text!r} gives {value} at {at}; "
+                         f"{axis} must be a positive integer")
+    return value
+
+
+def _matches(rule: dict[str, list], point: dict) -> bool:
+    return all(k in point and point[k] in values for k, values in rule.items())
+
+
+@dataclass
+class Suite:
+    name: str
+    description: str
+    path: str
+    content_hash: str
+    timing: TimingBudget
+    timeout_s: float
+    sweeps: list[Sweep]
+    claims: list[dict] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)  # the report's panel sets
+
+    def jobs(self) -> list[tuple[Case, str]]:
+        """(case, backend) pairs in run order: every backend of a case together, sizes rising."""
+        seen = set()
+        jobs = []
+        for sweep in self.sweeps:
+            for case in sweep.cases():
+                for backend in sweep.backends:
+                    if sweep.backend_excluded(case, backend) or (case.key, backend) in seen:
+                        continue
+                    seen.add((case.key, backend))
+                    jobs.append((case, backend))
+        return jobs
+
+    def jobs_on(self, device: str) -> list[tuple[Case, str]]:
+        """The jobs with every case on ``device`` (what a run on it will execute): the sweeps
+        whose ``devices`` include its type, e.g. a bf16 sweep for GPUs beside a smaller fp32
+        one for CPUs."""
+        kept = [s for s in self.sweeps if s.runs_on(device)]
+        if not kept:
+            raise BadInput(f"{self.path}: no sweep runs on {device}; its sweeps' devices: "
+                           f"{', '.join(sorted({d for s in self.sweeps for d in s.devices}))}")
+        kept = [dataclasses.replace(s, axes=s.axes | {"device": [device]}) for s in kept]
+        return Suite(self.name, self.description, self.path, self.content_hash, self.timing,
+                     self.timeout_s, kept).jobs()
+
+    @property
+    def backends(self) -> list[str]:
+        return list(dict.fromkeys(b for s in self.sweeps for b in s.backends))
+
+
+def find_suite(name_or_path: str) -> Path:
+    """A path to a TOML file, or the name of a suite in ./suites or shipped with attnbench."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise BadInput(f"{name_or_path}: suite file not found")
+        return p
+    local = Path("suites") / f"{name_or_path}.toml"
+    if local.is_file():
+        return local
+    shipped = resources.files("attnbench.suites") / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return Path(str(shipped))
+    known = sorted({q.stem for q in Path("suites").glob("*.toml")} | {
+        Path(str(q)).stem for q in resources.files("attnbench.suites").iterdir()
+        if str(q).endswith(".toml")})
+    raise BadInput(f"unknown suite {name_or_path!r}; known suites: {', '.join(known)} "
+                   f"(or give a path to a .toml file)")
+
+
+def _depth(x) -> int:
+    """How deeply the first elements of nested lists go: [[1, 2]] -> 2."""
+    return 1 + _depth(x[0]) if isinstance(x, list) and x else int(isinstance(x, list))
+
+
+class _Validator:
+    def __init__(self, path: Path, known_backends: list[str] | None):
+        self.path = path
+        self.known_backends = known_backends
+
+    def fail(self, key: str, value, problem: str):
+        raise BadInput(f"{self.path}: {key} = {value!r}: {problem}")
+
+    def unknown_keys(self, table: dict, allowed, where: str):
+        for key in table:
+            if key not in allowed:
+                self.fail(f"{where}{key}", table[key],
+                          f"unknown key; allowed: {', '.join(allowed)}")
+
+    def axis_values(self, key: str, raw, where: str = "") -> list:
+        # block_pairs is itself a list of [qb, kb] pairs: it is swept only as a list of them
+        nested = 2 if key == "block_pairs" else 0
+        is_sweep = isinstance(raw, list) and (nested == 0 or _depth(raw) > nested)
+        values = raw if is_sweep else [raw]
+        if not values:
+            self.fail(where + key, raw, "empty list; give at least one value")
+        return [self.axis_value(key, v, where) for v in values]
+
+    def axis_value(self, key: str, v, where: str = ""):
+        try:
+            return self._axis_value(key, v)
+        except BadInput as exc:
+            if where:
+                raise BadInput(str(exc).replace(f": {key} = ", f": {where}{key} = ", 1)) from None
+            raise
+
+    def _axis_value(self, key: str, v):
+        if key in INT_AXES:
+            if isinstance(v, bool) or not isinstance(v, int):
+                self.fail(key, v, "must be an integer")
+            if key in POSITIVE_AXES and v <= 0:
+                self.fail(key, v, "must be a positive integer")
+            if key in ("seed", "block_band", "block_global", "block_random",
+                       "block_stride", "additive_dim") and v < 0:
+                self.fail(key, v, "must be >= 0")
+            return v
+        if key == "dtype":
+            try:
+                return canonical_dtype(str(v))
+            except ValueError:
+                self.fail(key, v, f"unknown dtype; allowed: {', '.join(DTYPES)}")
+        if key == "mask":
+            try:
+                return str(MaskSpec.parse(str(v)))
+            except ValueError as exc:
+                self.fail(key, v, f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
+        if key == "mode":
+            if v not in MODES:
+                self.fail(key, v, f"unknown mode; allowed: {', '.join(MODES)}")
+            return v
+        if key == "device":
+            if not isinstance(v, str) or v.split(":")[0] not in ("cpu", "cuda", "auto"):
+                self.fail(key, v, "unknown device; allowed: auto, cpu, cuda, cuda:N")
+            return v
+        if key == "scale":
+            # Any finite nonzero scale, as PyTorch's own SDPA tests use: negative scales
+            # exercise kernels' masking and max-shift paths (and find upstream faults).
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or v == 0
+                    or not math.isfinite(v)):
+                self.fail(key, v, "must be a finite nonzero number")
+            return float(v)
+        if key == "block_pairs":
+            if not isinstance(v, list) or not all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
+                    for p in v):
+                self.fail(key, v, "must be a list of [query_block, key_block] integer pairs")
+            return tuple(tuple(p) for p in v)
+        if not isinstance(v, str):
+            self.fail(key, v, "must be a string")
+        return v
+
+    def derive(self, table: dict, where_of, axes: dict[str, list]
+               ) -> dict[str, arith.Expression]:
+        """Parsed expressions in the order given; each may use the axes and the axes derived
+        before it. ``where_of(axis)`` is the key path to name in errors."""
+        self.unknown_keys(table, sorted(INT_AXES - {"seq_len"}), where_of(""))
+        out = {}
+        for axis, text in table.items():
+            if axis in axes:
+                self.fail(where_of(axis), text, f"{axis} is also given in axes; give it once")
+            try:
+                out[axis] = arith.parse(text, set(axes) | {"seq_len"} | set(out))
+            except arith.ArithError as exc:
+                self.fail(where_of(axis), text, str(exc))
+        return out
+
+    def axes(self, table, where: str) -> dict[str, list]:
+        if not isinstance(table, dict):
+            self.fail(where.rstrip("."), table, "must be a table of axis = value or [values]")
+        self.unknown_keys(table, AXIS_KEYS, where)
+        return {k: self.axis_values(k, v, where) for k, v in table.items()}
+
+    def backends(self, raw, where: str) -> list[str]:
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not raw or not all(isinstance(b, str) for b in raw):
+            self.fail(where, raw, "must be a non-empty list of backend names")
+        if self.known_backends is not None:
+            for b in raw:
+                if b not in self.known_backends:
+                    self.fail(where, b, f"unknown backend; allowed: "
+                                        f"{', '.join(sorted(self.known_backends))}")
+        return list(raw)
+
+    def excludes(self, raw, where: str) -> list[dict[str, list]]:
+        if raw is None:
+            return []
+        if isinstance(raw, dict):
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(r, dict) for r in raw):
+            self.fail(where, raw, "must be a list of tables of axis = value(s)")
+        rules = []
+        for rule in raw:
+            self.unknown_keys(rule, AXIS_KEYS + ("backend",), f"{where}.")
+            rules.append({k: (self.backends(v, f"{where}.backend") if k == "backend"
+                              else self.axis_values(k, v, f"{where}.")) for k, v in rule.items()})
+        return rules
+
+
+def _table(v: _Validator, raw, where: str) -> dict:
+    if not isinstance(raw, dict):
+        v.fail(where, raw, 'must be a table of axis = "expression"')
+    return raw
+
+
+def load_suite(name_or_path: str, known_backends: list[str] | None = None) -> Suite:
+    path = find_suite(name_or_path)
+    raw_bytes = path.read_bytes()
+    try:
+        data = tomllib.loads(raw_bytes.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise BadInput(f"{path}: not valid TOML: nested too deeply") from None
+    return parse_suite(data, path, known_backends, hashlib.sha256(raw_bytes).hexdigest()[:16])
+
+
+def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
+                content_hash: str = "") -> Suite:
+    v = _Validator(path, known_backends)
+    v.unknown_keys(data, TOP_KEYS, "")
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        v.fail("name", name, "must be a non-empty string")
+    timing_raw = data.get("timing", {})
+    if not isinstance(timing_raw, dict):
+        v.fail("timing", timing_raw, "must be a table")
+    v.unknown_keys(timing_raw, tuple(TIMING_KEYS), "timing.")
+    timing = {}
+    for key, value in timing_raw.items():
+        kind = TIMING_KEYS[key]
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        floor_ok = number and (value >= 0 if key == "warmup_s" else value > 0)
+        if not floor_ok or not math.isfinite(value) or value > TIMING_MAX.get(key, 1e6) or (
+                kind is int and not isinstance(value, int)):
+            sign = "non-negative" if key == "warmup_s" else "positive"
+            v.fail(f"timing.{key}", value, f"must be a {sign} {kind.__name__} "
+                                           f"(at most {TIMING_MAX.get(key, 1e6):g})")
+        timing[key] = value
+    timeout_s = float(timing.pop("timeout_s", 600.0))
+    defaults = v.axes(data.get("defaults", {}), "defaults.")
+    sweeps_raw = data.get("sweep")
+    if sweeps_raw is None:
+        if "backends" not in data or "axes" not in data:
+            v.fail("backends/axes", None, "a suite needs top-level backends and [axes], "
+                                          "or [[sweep]] tables")
+        sweeps_raw = [{"backends": data["backends"], "axes": data["axes"],
+                       "exclude": data.get("exclude")}]
+    elif "axes" in data:
+        v.fail("axes", data["axes"], "give axes inside each [[sweep]] (or use [defaults])")
+    if not isinstance(sweeps_raw, list) or not sweeps_raw:
+        v.fail("sweep", sweeps_raw, "must be a list of [[sweep]] tables")
+    sweeps = []
+    single = "sweep" not in data
+    for i, s in enumerate(sweeps_raw):
+        where = "" if single else f"sweep[{i}]."  # key paths as the user wrote them
+        if not isinstance(s, dict):
+            v.fail(where.rstrip("."), s, "must be a table")
+        v.unknown_keys(s, SWEEP_KEYS, where)
+        backends = v.backends(s.get("backends", data.get("backends")), f"{where}backends")
+        axes = dict(defaults) | v.axes(s.get("axes", {}), f"{where}axes.")
+        if not axes:
+            v.fail(f"{where}axes", {}, "empty; give at least seq_len (a default case is "
+                                       "never run silently)")
+        if "seq_len" in axes and ({"seq_q", "seq_k"} & set(axes)):
+            v.fail(f"{where}axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
+                                                            "not both")
+        excludes = v.excludes(s.get("exclude"), f"{where}exclude")
+        # top-level derive applies to every sweep that does not give the axis itself
+        top = {a: e for a, e in _table(v, data.get("derive", {}), "derive").items()
+               if a not in s.get("axes", {})}
+        own = _table(v, s.get("derive", {}), f"{where}derive")
+        derive = v.derive(top | own, lambda a, own=own, where=where: (
+            f"{where}derive.{a}" if a in own or not a else f"derive.{a}"), axes)
+        devices = s.get("devices", [])
+        devices = [devices] if isinstance(devices, str) else devices
+        if not isinstance(devices, list) or not devices and "devices" in s or any(
+                d not in DEVICE_TYPES for d in devices):
+            v.fail(f"{where}devices", s["devices"], f"must be a non-empty list of device "
+                                                    f"types; allowed: {', '.join(DEVICE_TYPES)}")
+        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes, derive,
+                      tuple(devices))
+        try:
+            sweep.cases()
+        except ValueError as exc:
+            if str(exc).startswith("derive."):
+                raise BadInput(f"{path}: {where}{exc}") from None
+            v.fail(f"{where}axes", {k: axes[k] for k in axes if k in str(exc)} or axes,
+                   str(exc))
+        sweeps.append(sweep)
+    return Suite(name, str(data.get("description", "")), str(path), content_hash,
+                 TimingBudget(**timing), timeout_s, sweeps,
+                 validate_claims(data.get("claim"), path),
+                 validate_comparisons(data.get("comparison"), path, v.axes, v.backends))
+
+
+def override_axes(suite: Suite, **axes) -> Suite:
+    """Replace axis values in every sweep (CLI --dtype, --seq-len, --device, --backends)."""
+    v = _Validator(Path("command line"), None)
+    for sweep in suite.sweeps:
+        for key, values in axes.items():
+            if values is None:
+                continue
+            if key == "backends":
+                sweep.backends = list(values)
+                continue
+            checked = [v.axis_value(key, x) for x in values]
+            if key == "seq_len":
+                for k in ("seq_q", "seq_k"):
+                    sweep.axes.pop(k, None)
+            sweep.axes[key] = checked
+    return suite
+
+
+def declared_comparisons(meta: dict) -> tuple[list[Comparison], str]:
+    """The comparisons the run's suite declared: as recorded in meta.json, or (runs from
+    before that) from its suite file as it is now; a note when neither can be read."""
+    if isinstance(meta.get("comparisons"), list):  # recorded by the run itself
+        return [dataclasses.replace(Comparison(**(d | {"backends": tuple(d["backends"])})),
+                                    suite=meta.get("suite", ""))
+                for d in meta["comparisons"]], ""
+    source = meta.get("suite_path") or meta.get("suite")
+    if not source:
+        return [], ""
+    candidates = [source] + ([meta["suite"]] if meta.get("suite") else [])
+    for candidate in candidates:
+        if candidate.endswith(".toml") and not Path(candidate).is_file():
+            continue
+        try:
+            suite = load_suite(candidate)
+        except BadInput:
+            continue
+        return [dataclasses.replace(c, suite=meta.get("suite") or suite.name)
+                for c in suite.comparisons], ""
+    return [], f"suite {source} could not be read; comparisons inferred from the records"
