@@ -692,11 +692,48 @@ def _bench_ms(fn, reps: int = 10) -> float:
     return times[len(times) // 2]
 
 
+# How a CUDA fault reads once raised: torch's own errors and Triton's launcher's. After one the
+# CUDA context is poisoned (every later call in the process fails), so it is never "a candidate
+# that does not fit": the tuner and the GPU check re-raise it against what raised it.
+CUDA_FAULT_MARKERS = ("CUDA error", "Triton Error [CUDA]", "illegal memory access",
+                      "device-side assert", "unspecified launch failure", "misaligned address",
+                      "illegal instruction", "CUBLAS_STATUS", "cuDNN error")
+
+
+def is_cuda_fault(exc: BaseException) -> bool:
+    """True if ``exc`` is a CUDA fault (not an out-of-resources or compile failure)."""
+    if type(exc).__name__ == "AcceleratorError":  # torch >= 2.8 raises these for CUDA errors
+        return True
+    text = str(exc)
+    return any(m in text for m in CUDA_FAULT_MARKERS)
+
+
+def fastest(kernel: str, configs, run, bench, log=None) -> Config | None:
+    """The candidate whose ``bench(lambda: run(cfg))`` is least; None if none ran. A candidate
+    that fails to compile or launch (out of resources) is skipped; a CUDA fault is raised."""
+    best, best_ms = None, math.inf
+    for cfg in configs:
+        try:
+            ms = bench(lambda cfg=cfg: run(cfg))
+        except Exception as exc:  # out of resources, compile failure: not a candidate
+            if is_cuda_fault(exc):  # the context is poisoned: no later candidate can run
+                raise
+            if log:
+                log(f"triton_flash tune {kernel} {cfg}: failed ({type(exc).__name__})")
+            continue
+        if log:
+            log(f"triton_flash tune {kernel} {cfg}: {ms:.3f} ms")
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    return best
+
+
 def tune(q, k, v, grad_out, plan: Plan, log=None) -> dict[str, Config]:
     """Pick the fastest candidate of each kernel for these inputs; cached per tuning key.
 
     Call it outside any timed region (the backend's build does). Compilation of every
-    candidate happens here. Configs that fail (e.g. out of shared memory) are skipped.
+    candidate happens here. Configs that fail (e.g. out of shared memory) are skipped; a CUDA
+    fault (``is_cuda_fault``) is raised, since it poisons the process for every later one.
     """
     chosen: dict[str, Config] = {}
     if INTERPRET or q.device.type != "cuda":
@@ -708,24 +745,13 @@ def tune(q, k, v, grad_out, plan: Plan, log=None) -> dict[str, Config]:
 
     def pick(kernel, run):
         key = tune_key(kernel, q, k, v, plan)
-        if key in _TUNED:
-            return _TUNED[key]
-        best, best_ms = None, math.inf
-        for cfg in configs_for(kernel, q, v):
-            try:
-                ms = _bench_ms(lambda cfg=cfg: run(cfg))
-            except Exception as exc:  # out of resources, compile failure: not a candidate
-                if log:
-                    log(f"triton_flash tune {kernel} {cfg}: failed ({type(exc).__name__})")
-                continue
-            if log:
-                log(f"triton_flash tune {kernel} {cfg}: {ms:.3f} ms")
-            if ms < best_ms:
-                best, best_ms = cfg, ms
-        if best is None:
-            raise RuntimeError(f"triton_flash: no {kernel} configuration ran for d={d}, dv={dv}")
-        _TUNED[key] = best
-        return best
+        if key not in _TUNED:
+            best = fastest(kernel, configs_for(kernel, q, v), run, _bench_ms, log)
+            if best is None:
+                raise RuntimeError(f"triton_flash: no {kernel} configuration ran for d={d}, "
+                                   f"dv={dv}")
+            _TUNED[key] = best
+        return _TUNED[key]
 
     chosen["fwd"] = pick("fwd", lambda cfg: forward(q, k, v, plan, cfg))
     if grad_out is not None:

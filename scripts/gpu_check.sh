@@ -16,13 +16,19 @@
 # machine's own torch/triton are used.
 #
 # Time limits (seconds, overridable): CHECK_LIMIT_S=85 for the correctness step,
-# RUN_LIMIT_S=105 for the suite, REPORT_LIMIT_S=20 for the report, 10 for the summary
-# (interrupted steps keep what they finished; the report covers a partial run).
+# RUN_LIMIT_S=105 for the suite, REPORT_LIMIT_S=45 for the report, 15 for the summary
+# (interrupted steps keep what they finished; the report covers a partial run, and a report
+# cut by its limit can be rendered offline from the tarball). Every other command has its
+# own limit too (`bounded`), and a limit reached is logged as one (exit 124, or 137 after
+# the grace period's SIGKILL). Steps 1 and 2 share one Triton and one inductor cache
+# (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR; set here unless already set), so step 1's
+# compiles, flex's included, are step 2's cache hits.
 #
 # GPU_CHECK_REHEARSAL=SUITE rehearses the plumbing on a CPU (the tests do this, since the
 # real check has to work the first time a GPU is lent): any Python with torch, step 1 as
 # gpu_correctness.py --smoke (the Triton interpreter), step 2 runs SUITE on the CPU, and
-# steps 3 and the packing as on a GPU.
+# steps 3 and the packing as on a GPU. GPU_CHECK_FAULTS (see gpu_correctness.py) injects
+# faults into step 1's tasks, to rehearse a crashed or poisoned worker.
 set -uo pipefail
 REHEARSAL=${GPU_CHECK_REHEARSAL:-}
 
@@ -32,8 +38,22 @@ if [ $# -ne 1 ] || [ -z "$1" ]; then
 fi
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 
+# `bounded SECS CMD...`: CMD under a time limit (SIGINT, then SIGKILL 5 s later); exit
+# code 124 or 137 when the limit was reached. `limit_note RC` names those codes.
+bounded() {
+    local secs=$1; shift
+    timeout -s INT -k 5 "$secs" "$@"
+}
+limit_note() {
+    case $1 in
+        124) echo " (time limit reached: interrupted)";;
+        137) echo " (time limit reached: killed after the grace period)";;
+        130) echo " (interrupted)";;
+    esac
+}
+
 sees_gpu() {  # prints why not on failure
-    "$1" - "$REHEARSAL" 2>&1 <<'EOF_PY'
+    bounded 90 "$1" - "$REHEARSAL" 2>&1 <<'EOF_PY'
 import sys
 try:
     import torch
@@ -57,9 +77,15 @@ if [ -z "$PY" ]; then
     exit 2
 fi
 
-mkdir -p "$1" || exit 2
+if ! mkdir -p "$1" 2>/dev/null || ! touch "$1/log.txt" 2>/dev/null; then
+    echo "gpu_check: OUTDIR $1 is not a writable folder; nothing was run"
+    exit 2
+fi
 OUT=$(cd "$1" && pwd)
 exec > >(tee -a "$OUT/log.txt") 2>&1
+# From the first second: whatever happens next, correctness.json says how far step 1 got.
+echo '{"tasks": null, "finished": 0, "results": [], "state": "not started"}' \
+    > "$OUT/correctness.json"
 T0=$(date +%s)
 stamp() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
 
@@ -75,6 +101,10 @@ ln -s "$REPO/implementations" "$SHIM/attnbench/implementations"
 ln -s "$REPO/suites" "$SHIM/attnbench/suites"
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
+CACHE_ROOT=${TMPDIR:-/tmp}/attnbench-gpu-check-$(id -u)
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$CACHE_ROOT/triton}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$CACHE_ROOT/inductor}
+mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
 unset TRITON_INTERPRET
 cd "$REPO" || exit 2
 
@@ -83,23 +113,26 @@ if [ -n "$REHEARSAL" ]; then
 else
     stamp "python $PY (the first whose torch sees a GPU${why:+; not: $why})"
 fi
-stamp "repo $REPO ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ', dirty')), output $OUT"
+stamp "repo $REPO ($(bounded 10 git rev-parse --short HEAD 2>/dev/null || echo '?')$(bounded 20 git diff --quiet 2>/dev/null || echo ', dirty')), output $OUT"
+stamp "caches: TRITON_CACHE_DIR=$TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR=$TORCHINDUCTOR_CACHE_DIR"
 if [ -n "$REHEARSAL" ]; then
     stamp "REHEARSAL on the CPU: step 1 with --smoke, step 2 runs $REHEARSAL"
     SUITE=$REHEARSAL DEVICE=cpu CHECK_ARGS=(--smoke) RUN_PREFIX=rehearsal
 else
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+    bounded 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
         --format=csv,noheader 2>&1
+    rc=$?; [ $rc -eq 0 ] || echo "nvidia-smi exit code $rc$(limit_note $rc)"
     SUITE=suites/h200.toml DEVICE=cuda CHECK_ARGS=() RUN_PREFIX=h200
 fi
-"$PY" -c "import sys, torch, triton, attnbench; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda, '| attnbench from', attnbench.__file__)"
+bounded 60 "$PY" -c "import sys, torch, triton, attnbench; print('python', sys.version.split()[0], '| torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda, '| attnbench from', attnbench.__file__)"
+rc=$?; [ $rc -eq 0 ] || echo "version print exit code $rc$(limit_note $rc)"
 
 status=0
 stamp "step 1/3: every GPU backend against float64 (limit ${CHECK_LIMIT_S:-85} s)"
-timeout -s INT -k 5 "${CHECK_LIMIT_S:-85}" \
-    "$PY" scripts/gpu_correctness.py ${CHECK_ARGS[@]+"${CHECK_ARGS[@]}"} --out "$OUT/correctness.json"
+bounded "${CHECK_LIMIT_S:-85}" "$PY" scripts/gpu_correctness.py \
+    ${CHECK_ARGS[@]+"${CHECK_ARGS[@]}"} --suite "$SUITE" --out "$OUT/correctness.json"
 rc=$?
-stamp "correctness exit code $rc$([ $rc -eq 124 ] && echo ' (time limit: partial, see correctness.json)')"
+stamp "correctness exit code $rc$(limit_note $rc)$([ $rc -ge 124 ] && echo '; partial, see correctness.json')"
 [ $rc -eq 0 ] || status=1
 
 RUN_ID="$RUN_PREFIX-$(date +%Y%m%d-%H%M%S)"
@@ -108,27 +141,37 @@ timeout -s INT -k 10 "${RUN_LIMIT_S:-105}" \
     "$PY" -m attnbench.cli run --suite "$SUITE" --device "$DEVICE" --out "$OUT/all/results" \
     --run-id "$RUN_ID" --no-report --no-progress
 rc=$?
-stamp "run exit code $rc$([ $rc -eq 124 ] || [ $rc -eq 130 ] && echo ' (time limit: the run is partial)')"
+stamp "run exit code $rc$(limit_note $rc)$([ $rc -ge 124 ] && echo '; the run is partial')"
 [ $rc -eq 0 ] || status=1
 
-stamp "step 3/3: report and summary (limit ${REPORT_LIMIT_S:-20} s)"
+stamp "step 3/3: summary (limit ${SUMMARY_LIMIT_S:-15} s) and report (limit ${REPORT_LIMIT_S:-45} s)"
 if [ -d "$OUT/all/results/$RUN_ID" ]; then
-    timeout -s INT -k 5 10 "$PY" scripts/gpu_summary.py \
-        "$OUT/all/results/$RUN_ID" --out "$OUT/summary.md" >/dev/null || status=1
-    timeout -s INT -k 5 "${REPORT_LIMIT_S:-20}" "$PY" -m attnbench.cli report \
-        "$OUT/all/results/$RUN_ID" --name "$RUN_ID" --out "$OUT/all/report" || status=1
+    bounded "${SUMMARY_LIMIT_S:-15}" "$PY" scripts/gpu_summary.py \
+        "$OUT/all/results/$RUN_ID" --out "$OUT/summary.md" >/dev/null
+    rc=$?
+    stamp "summary exit code $rc$(limit_note $rc)"
+    [ $rc -eq 0 ] || status=1
+    [ -s "$OUT/summary.md" ] || echo "gpu_summary did not finish (exit code $rc$(limit_note $rc))" > "$OUT/summary.md"
+    bounded "${REPORT_LIMIT_S:-45}" "$PY" -m attnbench.cli report \
+        "$OUT/all/results/$RUN_ID" --name "$RUN_ID" --out "$OUT/all/report"
+    rc=$?
+    stamp "report exit code $rc$(limit_note $rc)$([ $rc -ge 124 ] && echo "; render it offline from the tarball: attnbench report results/$RUN_ID --name $RUN_ID")"
+    [ $rc -eq 0 ] || status=1
 else
     echo "no run directory was written"
+    echo "gpu_check: step 2 wrote no run directory; nothing to summarise" > "$OUT/summary.md"
     status=1
 fi
 stamp "done, exit code $status; packing $OUT/gpu-check.tar.gz"
 # The run and its report are packed and then removed, so that OUTDIR ends with its four
 # files alone (the GPU machine hands back at most 8, and would choose among more). log.txt
 # stays out of the tarball: it is still being written, and it comes back on its own.
+# The run's advisory .lock is left out: it only marks a writer, and none is left.
 mkdir -p "$OUT/all" && cp "$OUT/correctness.json" "$OUT/summary.md" "$OUT/all/" 2>/dev/null
-if tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT/all" .; then
+if bounded 60 tar -czf "$OUT/gpu-check.tar.gz" --exclude=.lock -C "$OUT/all" .; then
     rm -rf "$OUT/all"
 else
-    echo "tar failed: the run and report stay unpacked under $OUT/all"
+    rc=$?
+    echo "tar failed (exit code $rc$(limit_note $rc)): the run and report stay unpacked under $OUT/all"
 fi
 exit $status

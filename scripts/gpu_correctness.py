@@ -14,7 +14,17 @@ is at most one shape or one tuning candidate, so no task holds the others up):
   does not compile again);
 * ``backends``: sdpa_flash, sdpa_cudnn, sdpa_efficient and xformers on the bf16 awkward
   shapes, flex on two of them, through the harness (its float64 check and status: an
-  unsupported shape or a missing package is ``not runnable`` with the reason).
+  unsupported shape or a missing package is ``not runnable`` with the reason);
+* ``flex``: every flex job of ``--suite`` (each shape and mode the suite runs), through the
+  harness as the suite runs it, first of all: each is a cold inductor compile, and doing
+  them here, in parallel with the Triton compiles, fills inductor's on-disk cache so the
+  suite's step does not compile them on its critical path.
+
+Each worker process runs one task at a time, and each process is its own one-worker pool:
+a process that dies (a segfault) fails only the task it was running, and one whose task
+raised a CUDA fault (which poisons its CUDA context) is retired; both are replaced by a
+fresh process for the tasks still to run. ``GPU_CHECK_FAULTS=segv@I,cuda@J`` injects
+those faults into tasks I and J (indices in the task list) to rehearse this on a CPU.
 
 Criteria: fp32 relative L2 <= a tenth of the suite's fp32 tolerance (the kernels multiply
 fp32 as three TF32 products); bf16/fp16 FlashAttention's: max-abs error <= 2 x that of naive
@@ -23,8 +33,8 @@ tolerance; other backends: the harness's verdict. The JSON (``--out``) is rewrit
 every task, so a run cut short by its time limit still holds what finished. Exit code 1 if
 any check failed or the run was interrupted, 2 without a GPU.
 
-Usage: python scripts/gpu_correctness.py [--out FILE.json] [--jobs N]
-       [--parts shapes,configs,backends] [--smoke]
+Usage: python scripts/gpu_correctness.py [--out FILE.json] [--jobs N] [--suite SUITE]
+       [--parts flex,shapes,configs,backends] [--smoke]
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 import traceback
@@ -182,6 +193,8 @@ def run_config(dtype, d, mask, kernel, index):
             torch.cuda.synchronize()
         _check(label, dtype, got, naive, {n: ref[n] for n in got}, results)
     except Exception as exc:  # e.g. out of shared memory: the tuner skips it too
+        if K.is_cuda_fault(exc):  # not the candidate's size: the process is poisoned
+            raise
         results.append({"check": label, "tensor": "-", "ok": None,
                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
     return results
@@ -189,40 +202,193 @@ def run_config(dtype, d, mask, kernel, index):
 
 def run_backend(shape, dtype, backend):
     """Another GPU backend through the harness: its record's status and errors."""
+    case, _ = _inputs(shape, dtype)
+    return run_case(case, backend)
+
+
+def run_case(case, backend, label=None):
+    """One (case, backend) job through the harness, as the suite runs it: the record's
+    status and errors. A CUDA fault the harness caught is raised: it poisoned this process."""
+    from attnbench.implementations import triton_flash
     from attnbench.measure.execute import CaseCache, execute
     from attnbench.measure.timing import TimingBudget
 
-    case, _ = _inputs(shape, dtype)
     rec = execute(case, backend, TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache()).to_row()
     status = rec["status"]
+    if status != "ok" and triton_flash.kernels().is_cuda_fault(
+            RuntimeError(str(rec.get("reason", "")))):
+        raise RuntimeError(rec["reason"])
     ok = True if status == "ok" else None if status in ("unsupported", "unavailable") else False
     errors = {k: v for k, v in rec.items() if k.startswith("err_impl") and v == v}
-    return [{"check": f"backend {backend} {dtype} {case.key}", "tensor": "-", "ok": ok,
+    return [{"check": label or f"backend {backend} {case.dtype} {case.key}", "tensor": "-",
+             "ok": ok,
              "status": status, **errors,
              **({"error": rec.get("reason", "")} if ok is not True else {})}]
 
 
-def _task(kind, args):
+def task_label(kind, args) -> str:
+    if kind == "config":
+        dtype, d, mask, kernel, index = args
+        return f"config {kernel} #{index} {dtype} d{d} {mask}"
+    if kind == "flex":
+        return f"flex {args[0].key}"
+    if kind == "shape":
+        return f"shape {args[1]} {args[0]}"
+    return f"{kind} {args}"
+
+
+POISONED = ""  # set in a worker once one of its tasks raised a CUDA fault (injected or real)
+
+
+def _inject(fault: str, index: int) -> None:
+    """GPU_CHECK_FAULTS: what a real GPU may do, on demand (the rehearsal's tests)."""
+    global POISONED
+    if POISONED:  # what every later call of a poisoned process would meet
+        raise RuntimeError(f"CUDA error: an illegal memory access was encountered "
+                           f"(this process was poisoned by {POISONED})")
+    if fault == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "cuda":
+        POISONED = f"task {index}"
+        raise RuntimeError("CUDA error: an illegal memory access was encountered "
+                           "(injected by GPU_CHECK_FAULTS)")
+
+
+def _task(kind, args, index=0, fault=""):
     t0 = time.perf_counter()
     try:
-        res = {"shape": run_shape, "config": run_config, "backend": run_backend}[kind](*args)
+        _inject(fault, index)
+        if kind == "noop":  # the scheduler's own tests: no torch in the worker
+            res = [{"check": task_label(kind, args), "tensor": "-", "ok": True}]
+        else:
+            run = {"shape": run_shape, "config": run_config, "backend": run_backend,
+                   "flex": lambda case: run_case(case, "flex", task_label("flex", (case,)))}
+            res = run[kind](*args)
+            if DEVICE == "cuda":  # an asynchronous fault surfaces in the task that caused it
+                __import__("torch").cuda.synchronize()
     except Exception as exc:
-        res = [{"check": f"{kind} {args}", "tensor": "-", "ok": False,
-                "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}]
+        res = [{"check": task_label(kind, args), "tensor": "-", "ok": False,
+                "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(),
+                "cuda_fault": _is_cuda_fault(exc)}]
     for r in res:
         r["task_s"] = round(time.perf_counter() - t0, 2)
+        r["task"] = index
     return res
+
+
+def _is_cuda_fault(exc) -> bool:
+    if DEVICE != "cuda" and "CUDA error" in str(exc):  # the injected ones, on a CPU
+        return True
+    try:
+        from attnbench.implementations import triton_flash
+
+        return triton_flash.kernels().is_cuda_fault(exc)
+    except Exception:  # Triton missing: only the marker test
+        return "CUDA error" in str(exc)
+
+
+def parse_faults(spec: str, n_tasks: int) -> dict[int, str]:
+    """``segv@3,cuda@5`` -> {3: "segv", 5: "cuda"} (GPU_CHECK_FAULTS)."""
+    faults = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        kind, _, index = item.partition("@")
+        if kind not in ("segv", "cuda") or not index.isdigit() or int(index) >= n_tasks:
+            raise SystemExit(f"gpu_correctness: GPU_CHECK_FAULTS item {item!r}: expected "
+                             f"segv@I or cuda@I with I < {n_tasks}")
+        faults[int(index)] = kind
+    return faults
+
+
+def worker_count(requested: int | None = None) -> int:
+    """Processes to run: the CPUs this process may use (its affinity mask), not the host's."""
+    if requested:
+        return requested
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 2
+
+
+def run_tasks(tasks, jobs: int, faults: dict[int, str], on_result) -> dict:
+    """Run every task on ``jobs`` one-worker pools; ``on_result(results)`` after each task.
+
+    A pool whose process died fails only the task it was running (BrokenProcessPool) and is
+    replaced; a pool whose task raised a CUDA fault is retired and replaced, so the tasks
+    after it run in a clean process. Returns counts: crashed and retired processes."""
+    ctx = mp.get_context("spawn")
+    todo = list(range(len(tasks)))[::-1]  # popped from the end: the task list's order
+    running: dict[cf.Future, tuple[cf.ProcessPoolExecutor, int]] = {}
+    idle: list[cf.ProcessPoolExecutor] = []
+    stats = {"crashed": 0, "retired": 0}
+
+    def start(pool=None):
+        pool = pool or (idle.pop() if idle else cf.ProcessPoolExecutor(1, mp_context=ctx))
+        i = todo.pop()
+        kind, a = tasks[i]
+        running[pool.submit(_task, kind, a, i, faults.get(i, ""))] = (pool, i)
+
+    try:
+        while todo and len(running) < jobs:
+            start()
+        while running:
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                pool, i = running.pop(fut)
+                try:
+                    res = fut.result()
+                except cf.process.BrokenProcessPool:
+                    stats["crashed"] += 1
+                    res = [{"check": task_label(*tasks[i]), "tensor": "-", "ok": False,
+                            "task": i, "crashed": True,
+                            "error": "its worker process died while running it (e.g. a "
+                                     "segfault); the other tasks ran in fresh processes"}]
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    pool = None
+                if pool is not None and any(r.get("cuda_fault") for r in res):
+                    stats["retired"] += 1  # its CUDA context is poisoned: never reuse it
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    pool = None
+                on_result(res)
+                if todo:
+                    start(pool)
+                elif pool is not None:
+                    idle.append(pool)
+    finally:
+        for pool in idle + [p for p, _ in running.values()]:
+            pool.shutdown(wait=False, cancel_futures=True)
+    return stats
+
+
+def suite_flex_jobs(suite_name: str | None, device: str) -> list:
+    """Every (case) the suite runs on flex on ``device``: each shape and mode is a compile."""
+    if not suite_name:
+        return []
+    from attnbench.core.errors import BadInput
+    from attnbench.runs.suite import load_suite
+
+    try:
+        jobs = load_suite(suite_name).jobs_on(device)
+    except BadInput as exc:  # step 2 will say the same; step 1 checks the rest
+        print(f"gpu_correctness: no flex warm-up: {exc}", flush=True)
+        return []
+    return [case for case, backend in jobs if backend == "flex"]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write every check as JSON here")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)  # ptxas: one core each
-    ap.add_argument("--parts", default="shapes,configs,backends")
+    ap.add_argument("--jobs", type=int, help="processes (default: the CPUs of the affinity "
+                    "mask; ptxas and inductor compile on one core each)")
+    ap.add_argument("--parts", default="flex,shapes,configs,backends")
+    ap.add_argument("--suite", help="warm up every flex job of this suite (name or .toml)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU dry run of this script through the Triton interpreter, tiny shapes")
     args = ap.parse_args(argv)
     global SHAPES, FP16_SHAPES, FP32_SHAPES, CONFIG_COMBOS
+    signal.signal(signal.SIGINT, _interrupt_once)
+    if args.out:  # from the first second: a step cut before any task still says so
+        _write(args.out, {"tasks": None, "finished": 0, "results": [],
+                          "state": "starting (importing torch and triton)"})
     if args.smoke:  # before torch/triton: the kernels must be defined interpreted
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["ATTNBENCH_CHECK_DEVICE"] = "cpu"
@@ -244,6 +410,12 @@ def main(argv=None) -> int:
 
     K = triton_flash.kernels()
     tasks = []  # the longest first: flex compiles through inductor, shapes compile 3 kernels
+    if "flex" in parts:
+        flex_cases = suite_flex_jobs(args.suite, "cpu" if args.smoke else "cuda")
+        tasks += [("flex", (case,)) for case in flex_cases]
+        print(f"gpu_correctness: flex warm-up, {len(flex_cases)} compiles (every flex shape and "
+              f"mode of {args.suite or 'no suite'}): "
+              + (", ".join(c.key for c in flex_cases) or "none"), flush=True)
     if "backends" in parts and not args.smoke:
         tasks += [("backend", (SHAPES[i], "bfloat16", "flex")) for i in FLEX_SHAPES]
     if "shapes" in parts:
@@ -257,34 +429,54 @@ def main(argv=None) -> int:
                 tasks += [("config", (dtype, d, mask, kernel, i)) for i in range(count)]
     if "backends" in parts:
         tasks += [("backend", (s, "bfloat16", b)) for s in SHAPES for b in OTHER_BACKENDS]
+    faults = parse_faults(os.environ.get("GPU_CHECK_FAULTS", ""), len(tasks))
+    jobs = worker_count(args.jobs)
     device_name = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
-    print(f"gpu_correctness: {len(tasks)} tasks on {device_name} with "
-          f"{args.jobs} processes", flush=True)
+    print(f"gpu_correctness: {len(tasks)} tasks on {device_name} with {jobs} processes"
+          + (f"; injected faults {faults}" if faults else ""), flush=True)
     header = {"device": device_name, "torch": torch.__version__,
-              "triton": __import__("triton").__version__, "tasks": len(tasks)}
+              "triton": __import__("triton").__version__, "tasks": len(tasks),
+              "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR", "(Triton's default)")}
     t0 = time.perf_counter()
     results = []
-    pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
+    finished = set()
+
+    def on_result(res):
+        results.extend(res)
+        finished.update(r["task"] for r in res)
+        _report(res, time.perf_counter() - t0)
+        if args.out:  # as results come: a run cut short still says what it checked
+            _write(args.out, header | {"finished": len(finished), "state": "running",
+                                       "results": results})
+
+    if args.out:
+        _write(args.out, header | {"finished": 0, "state": "running", "results": []})
     try:
-        futures = [pool.submit(_task, kind, a) for kind, a in tasks]
-        for fut in cf.as_completed(futures):
-            res = fut.result()
-            results += res
-            _report(res, time.perf_counter() - t0)
-            if args.out:  # as results come: a run cut short still says what it checked
-                _write(args.out, header | {"finished": len(futures) - sum(
-                    not f.done() for f in futures), "results": results})
+        stats = run_tasks(tasks, jobs, faults, on_result)
     except KeyboardInterrupt:  # the time limit (timeout -s INT): keep what finished
-        print(f"gpu_correctness: interrupted after {len(results)} checks", flush=True)
-        pool.shutdown(wait=False, cancel_futures=True)
-        return 1
-    pool.shutdown()
+        print(f"gpu_correctness: interrupted after {len(finished)} of {len(tasks)} tasks",
+              flush=True)
+        if args.out:
+            _write(args.out, header | {"finished": len(finished), "results": results,
+                                       "state": "interrupted (time limit)"})
+        os._exit(1)  # now: waiting for the workers could outlast timeout's grace period
+    if args.out:
+        _write(args.out, header | {"finished": len(finished), "results": results,
+                                   "state": "done"} | stats)
     n_bad = sum(r["ok"] is False for r in results)
     n_ok = sum(r["ok"] is True for r in results)
     print(f"gpu_correctness: {n_ok} checks passed, {n_bad} failed, "
           f"{sum(r['ok'] is None for r in results)} not runnable, "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
+          f"{stats['crashed']} tasks crashed their process, {stats['retired']} processes "
+          f"retired after a CUDA fault, {time.perf_counter() - t0:.0f} s", flush=True)
     return 1 if n_bad else 0
+
+
+def _interrupt_once(signum, frame):
+    """The time limit: `timeout` sends SIGINT to this process and then to its whole group,
+    so it comes twice; the second must not interrupt the saving of what finished."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _report(res: list[dict], elapsed: float) -> None:

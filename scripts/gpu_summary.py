@@ -74,15 +74,24 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    from attnbench.core.errors import BadInput
     from attnbench.runs.record_files import load_results, read_meta
 
-    df = load_results(args.run_dir)
-    text = "\n".join(summarise(df, read_meta(args.run_dir).get("claims") or [])) + "\n"
+    try:
+        df = load_results(args.run_dir)
+    except BadInput:  # e.g. a run cut before its first record
+        df = None
+    if df is None or df.empty or "backend" not in df:
+        text = f"gpu_summary: {args.run_dir} holds no records; nothing to summarise\n"
+        rc = 1
+    else:
+        text = "\n".join(summarise(df, read_meta(args.run_dir).get("claims") or [])) + "\n"
+        rc = 0
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
