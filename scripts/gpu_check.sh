@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh OUTDIR
 #
-# On a CUDA GPU (written for one H200, within 4 minutes with a cold Triton cache; the
+# On a CUDA GPU (written for one H200: ~2.5 minutes predicted with a cold Triton cache; the
 # budget's arithmetic is in docs/gpu.md): (1) every GPU backend against the float64
 # reference on awkward shapes, and every triton_flash tuning candidate
 # (scripts/gpu_correctness.py, which also fills Triton's kernel cache), (2) suites/h200.toml,
@@ -15,8 +15,8 @@
 # checkout's attnbench is put on PYTHONPATH through a temporary package of links, so the
 # machine's own torch/triton are used.
 #
-# Time limits (seconds, overridable): CHECK_LIMIT_S=85 for the correctness step,
-# RUN_LIMIT_S=105 for the suite, REPORT_LIMIT_S=45 for the report, 15 for the summary
+# Time limits (seconds, overridable): CHECK_LIMIT_S=75 for the correctness step,
+# RUN_LIMIT_S=120 for the suite, REPORT_LIMIT_S=45 for the report, SUMMARY_LIMIT_S=15 for the summary
 # (interrupted steps keep what they finished; the report covers a partial run, and a report
 # cut by its limit can be rendered offline from the tarball). Every other command has its
 # own limit too (`bounded`), and a limit reached is logged as one (exit 124, or 137 after
@@ -128,16 +128,16 @@ bounded 60 "$PY" -c "import sys, torch, triton, attnbench; print('python', sys.v
 rc=$?; [ $rc -eq 0 ] || echo "version print exit code $rc$(limit_note $rc)"
 
 status=0
-stamp "step 1/3: every GPU backend against float64 (limit ${CHECK_LIMIT_S:-85} s)"
-bounded "${CHECK_LIMIT_S:-85}" "$PY" scripts/gpu_correctness.py \
+stamp "step 1/3: every GPU backend against float64 (limit ${CHECK_LIMIT_S:-75} s)"
+bounded "${CHECK_LIMIT_S:-75}" "$PY" scripts/gpu_correctness.py \
     ${CHECK_ARGS[@]+"${CHECK_ARGS[@]}"} --suite "$SUITE" --out "$OUT/correctness.json"
 rc=$?
 stamp "correctness exit code $rc$(limit_note $rc)$([ $rc -ge 124 ] && echo '; partial, see correctness.json')"
 [ $rc -eq 0 ] || status=1
 
 RUN_ID="$RUN_PREFIX-$(date +%Y%m%d-%H%M%S)"
-stamp "step 2/3: attnbench run $SUITE -> results/$RUN_ID (limit ${RUN_LIMIT_S:-105} s)"
-timeout -s INT -k 10 "${RUN_LIMIT_S:-105}" \
+stamp "step 2/3: attnbench run $SUITE -> results/$RUN_ID (limit ${RUN_LIMIT_S:-120} s)"
+timeout -s INT -k 10 "${RUN_LIMIT_S:-120}" \
     "$PY" -m attnbench.cli run --suite "$SUITE" --device "$DEVICE" --out "$OUT/all/results" \
     --run-id "$RUN_ID" --no-report --no-progress
 rc=$?
