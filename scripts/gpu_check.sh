@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh OUTDIR
 #
-# On a CUDA GPU (written for one H200: ~2.5 minutes predicted with a cold Triton cache; the
+# On a CUDA GPU (written for one H200: ~2.7 minutes predicted with a cold Triton cache; the
 # budget's arithmetic is in docs/gpu.md): (1) every GPU backend against the float64
 # reference on awkward shapes, and every triton_flash tuning candidate
 # (scripts/gpu_correctness.py, which also fills Triton's kernel cache), (2) suites/h200.toml,

@@ -119,3 +119,15 @@ def test_correctness_json_exists_before_torch_is_imported(tmp_path):
     assert doc["finished"] == 0 and doc["results"] == [], proc.stdout + proc.stderr
     if proc.returncode == 2:  # no GPU here: it stopped after writing the header
         assert "no CUDA GPU visible" in proc.stdout
+
+
+def test_an_outdir_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(blocker / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env | {"PYTHON": sys.executable, "GPU_CHECK_REHEARSAL": "x.toml"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == f"gpu_check: OUTDIR {blocker / 'out'} is not a writable " \
+                                  "folder; nothing was run"
