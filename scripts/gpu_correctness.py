@@ -459,6 +459,8 @@ def main(argv=None) -> int:
         if args.out:
             _write(args.out, header | {"finished": len(finished), "results": results,
                                        "state": "interrupted (time limit)"})
+        for child in mp.active_children():  # no orphan may hold the GPU during step 2
+            child.kill()
         os._exit(1)  # now: waiting for the workers could outlast timeout's grace period
     if args.out:
         _write(args.out, header | {"finished": len(finished), "results": results,
