@@ -16,9 +16,9 @@
 # machine's own torch/triton are used.
 #
 # Time limits (seconds, overridable): CHECK_LIMIT_S=75 for the correctness step,
-# RUN_LIMIT_S=120 for the suite, REPORT_LIMIT_S=45 for the report, SUMMARY_LIMIT_S=15 for the summary
-# (interrupted steps keep what they finished; the report covers a partial run, and a report
-# cut by its limit can be rendered offline from the tarball). Every other command has its
+# RUN_LIMIT_S=120 for the suite, REPORT_LIMIT_S=45 for the report, SUMMARY_LIMIT_S=15 for
+# the summary (interrupted steps keep what they finished; the report covers a partial run,
+# and a report cut by its limit can be rendered offline from the tarball). Every other command has its
 # own limit too (`bounded`), and a limit reached is logged as one (exit 124, or 137 after
 # the grace period's SIGKILL). Steps 1 and 2 share one Triton and one inductor cache
 # (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR; set here unless already set), so step 1's
@@ -167,9 +167,9 @@ stamp "done, exit code $status; packing $OUT/gpu-check.tar.gz"
 # files alone (the GPU machine hands back at most 8, and would choose among more). log.txt
 # stays out of the tarball: it is still being written, and it comes back on its own.
 # The run's advisory .lock is left out: it only marks a writer, and none is left.
-mkdir -p "$OUT/all" && cp "$OUT/correctness.json" "$OUT/summary.md" "$OUT/all/" 2>/dev/null
+mkdir -p "$OUT/all" && bounded 30 cp "$OUT/correctness.json" "$OUT/summary.md" "$OUT/all/" 2>/dev/null
 if bounded 60 tar -czf "$OUT/gpu-check.tar.gz" --exclude=.lock -C "$OUT/all" .; then
-    rm -rf "$OUT/all"
+    bounded 60 rm -rf "$OUT/all"
 else
     rc=$?
     echo "tar failed (exit code $rc$(limit_note $rc)): the run and report stay unpacked under $OUT/all"
