@@ -17,6 +17,7 @@ from pathlib import Path
 
 from attnbench.analysis.claims import validate_claims
 from attnbench.analysis.comparisons import Comparison, validate_comparisons
+from attnbench.core import inputs as inputs_kinds
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput
@@ -224,6 +225,11 @@ class _Validator:
                 return str(MaskSpec.parse(str(v)))
             except ValueError as exc:
                 self.fail(key, v, f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
+        if key == "inputs":
+            try:
+                return str(inputs_kinds.parse(str(v)))
+            except ValueError as exc:
+                self.fail(key, v, str(exc))
         if key == "mode":
             if v not in MODES:
                 self.fail(key, v, f"unknown mode; allowed: {', '.join(MODES)}")
