@@ -7,15 +7,19 @@ attention on a trained model's attention. The other kinds:
 * ``minilm(layer)``: Q, K, V captured from all-MiniLM-L6-v2 (``core/inputs_captured.py``);
 * structured synthetic distributions at any N, each one documented knob or two:
 
-  - ``peaked(t)``: queries scaled by ``t`` (default 4): a softmax ``t`` times sharper, low
-    attention entropy;
-  - ``sinks(n, m)``: the first ``n`` keys (default 1) are attention sinks: every query shares
-    a component along one direction that those keys point along, so their logit exceeds the
-    others' by ``m`` on average (default 8);
-  - ``lowrank(r)``: Q and K live in an ``r``-dimensional subspace (default 4) of the head
-    dimension, scaled so each entry still has unit variance;
-  - ``outliers(c, m)``: ``c`` channels (default 2) of Q and K are ``m`` times larger (default
-    20), the "massive activations" that stress bf16/fp16 kernels.
+  - ``peaked(t)``: queries scaled by ``t``: a softmax ``t`` times sharper, low attention
+    entropy;
+  - ``sinks(n, m)``: the first ``n`` keys are attention sinks: every query shares a component
+    along one direction that those keys point along, so their logit is ``m`` on average;
+  - ``lowrank(r)``: Q and K live in an ``r``-dimensional subspace of the head dimension,
+    scaled so each entry still has unit variance;
+  - ``outliers(c, m)``: ``c`` channels of Q and K are ``m`` times larger, the "massive
+    activations" that stress bf16/fp16 kernels (Sun et al. 2024 report 100x and more).
+
+The defaults imitate all-MiniLM-L6-v2's measured properties at N = 256 (print them with
+``python -m attnbench.core.inputs_properties``): peaked(2) its middle layer's entropy,
+sinks(1,5) that layer's sink mass, outliers(2,4) its first layer's kurtosis; lowrank(8) is
+lower than the model's effective key rank (about 24 of 32) on purpose.
 
 A spec is a string, ``name`` or ``name(a, b)``; knobs left out take their defaults.
 """
@@ -30,10 +34,10 @@ import torch
 
 # name -> (knob names, defaults, kind of each knob)
 SYNTHETIC = {
-    "peaked": (("t",), (4.0,), (float,)),
-    "sinks": (("n", "m"), (1, 8.0), (int, float)),
-    "lowrank": (("r",), (4,), (int,)),
-    "outliers": (("c", "m"), (2, 20.0), (int, float)),
+    "peaked": (("t",), (2.0,), (float,)),
+    "sinks": (("n", "m"), (1, 5.0), (int, float)),
+    "lowrank": (("r",), (8,), (int,)),
+    "outliers": (("c", "m"), (2, 4.0), (int, float)),
 }
 CAPTURED = {"minilm": (("layer",), (None,), (int,))}
 KINDS = ("randn", *CAPTURED, *SYNTHETIC)
