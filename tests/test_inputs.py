@@ -50,14 +50,16 @@ def test_bad_specs_say_what_is_allowed(text, message):
 
 
 def test_shape_limits():
-    with pytest.raises(ValueError, match="rank 64 exceeds head_dim 32"):
-        Case(**SMALL, inputs="lowrank(64)")
-    with pytest.raises(ValueError, match="head_dim and head_dim_v must be 32"):
-        Case(inputs="minilm(0)")
-    with pytest.raises(ValueError, match="seq_k <= 512"):
-        Case(**(SMALL | dict(seq_q=1024, seq_k=1024)), inputs="minilm(0)")
-    with pytest.raises(ValueError, match="layer must be 0..5"):
-        Case(**SMALL, inputs="minilm(6)")
+    for kw, spec, message in ((SMALL, "lowrank(64)", "rank 64 exceeds head_dim 32"),
+                              ({}, "minilm(0)", "head_dim and head_dim_v must be 32"),
+                              (SMALL | dict(seq_q=1024, seq_k=1024), "minilm(0)", "seq_k <= 512"),
+                              (SMALL, "minilm(6)", "layer must be 0..5")):
+        case = Case(**kw, inputs=spec)  # re-shaping a case stays free ...
+        assert message in case.inputs_problem()
+        with pytest.raises(ValueError, match=message):  # ... making its inputs does not
+            case.make_inputs()
+        rec = open_job(case, "naive", CaseCache())
+        assert rec.status == "unsupported" and message in rec.reason
 
 
 @pytest.mark.parametrize("spec", ["randn", "peaked(3)", "sinks(2,6)", "lowrank(4)",
@@ -120,6 +122,10 @@ def test_suite_validates_inputs(write_suite):
     with pytest.raises(BadInput) as err:
         load_suite(str(write_suite(head + 'inputs = "uniform"\n')), ["naive"])
     assert "axes.inputs = 'uniform': unknown inputs 'uniform'; allowed: randn" in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(BadInput) as err:
+        load_suite(str(write_suite(head + 'inputs = "minilm(0)"\n')), ["naive"])
+    assert "head_dim and head_dim_v must be 32" in str(err.value)
     assert "\n" not in str(err.value)
 
 

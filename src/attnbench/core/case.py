@@ -76,13 +76,7 @@ class Case:
         if self.heads_q % self.heads_kv:
             raise ValueError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
-        spec = inputs_kinds.parse(self.inputs)
-        object.__setattr__(self, "inputs", str(spec))
-        if spec.captured:
-            inputs_captured.check_shape(spec.knobs[0], self.heads_q, self.heads_kv, self.seq_q,
-                                        self.seq_k, self.head_dim, self.head_dim_v)
-        else:
-            inputs_kinds.check_shape(spec, self.head_dim, self.seq_k)
+        object.__setattr__(self, "inputs", str(inputs_kinds.parse(self.inputs)))
 
     # ---- identity -------------------------------------------------------
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
@@ -121,6 +115,22 @@ class Case:
     @property
     def inputs_spec(self) -> inputs_kinds.InputsSpec:
         return inputs_kinds.parse(self.inputs)
+
+    def inputs_problem(self) -> str | None:
+        """Why this shape cannot hold its inputs (a captured model's head count and length,
+        a rank above head_dim...), or None. Not raised by the constructor, so that a case
+        can be re-shaped freely (the runner blanks lengths to group cases)."""
+        spec = self.inputs_spec
+        try:
+            if spec.captured:
+                inputs_captured.check_shape(spec.knobs[0], self.heads_q, self.heads_kv,
+                                            self.seq_q, self.seq_k, self.head_dim,
+                                            self.head_dim_v)
+            else:
+                inputs_kinds.check_shape(spec, self.head_dim, self.seq_k)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -203,6 +213,8 @@ class Case:
         draw_on = dev if dev.type == "cuda" else torch.device("cpu")
         gen = torch.Generator(device=draw_on).manual_seed(self.seed)
         spec = self.inputs_spec
+        if self.inputs_problem():
+            raise ValueError(self.inputs_problem())
 
         def make(*shape):
             return torch.randn(*shape, generator=gen, device=draw_on)

@@ -91,6 +91,8 @@ def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
     reasons = backend.not_supported_reasons(case)
     if reasons:
         return record.update(status="unsupported", reason="; ".join(reasons))
+    if case.inputs_problem():
+        return record.update(status="unsupported", reason=case.inputs_problem())
     if case.inputs_spec.captured and inputs_captured.unavailable_reason():
         return record.update(status="unavailable", reason=inputs_captured.unavailable_reason())
     try:

@@ -79,7 +79,10 @@ class Sweep:
                 point.setdefault("seq_k", n)
             point.setdefault("heads_kv", point.get("heads_q", Case.heads_q))
             point.setdefault("head_dim_v", point.get("head_dim", Case.head_dim))
-            out.append(Case(**point))
+            case = Case(**point)
+            if case.inputs_problem():
+                raise ValueError(case.inputs_problem())
+            out.append(case)
         return out
 
     def backend_excluded(self, case: Case, backend: str) -> bool:
