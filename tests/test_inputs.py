@@ -3,6 +3,7 @@ suite validation, and captured all-MiniLM-L6-v2 activations against the model's 
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -204,3 +205,28 @@ def test_captured_case_records_its_source_and_groups_heads():
     rec = open_job(case, "sdpa", CaseCache()).record
     assert rec.ok and rec.info["inputs_token_hash"] == x.info["inputs_token_hash"]
     assert rec.metrics["in_entropy"] < 0.95
+
+
+def test_report_sets_real_beside_random_error():
+    from attnbench.reporting import inputs_error
+
+    def row(inputs, err, seed=0, backend="linear", semantics="approximate", dtype="float32",
+            impl=None):
+        return dict(status="ok", backend=backend, semantics=semantics, dtype=dtype, seq_k=512,
+                    inputs=inputs, seed=seed, feature_map="elu", err_vs_softmax_out_rel=err,
+                    err_impl_out_rel=impl, in_entropy=0.5)
+
+    df = pd.DataFrame([row("randn", 0.50), row("randn", 0.52, 1), row("minilm(0)", 1.0),
+                       row("minilm(3)", 2.0), row("minilm(5)", 1.5, 1), row("peaked(2)", 0.9),
+                       row("outliers(2,20)", None, 0, "sdpa", "exact", "bfloat16", 1e-3),
+                       row("randn", None, 0, "sdpa", "exact", "bfloat16", 2e-3)])
+    heads = inputs_error.headlines(df)
+    assert heads == ["linear (elu): relative L2 error against exact softmax on "
+                     "all-MiniLM-L6-v2's activations is 1.5 [1, 2] (median [range] over layers "
+                     "and windows) at N = 512, 2.9x higher than on random inputs (0.51)."]
+    table = inputs_error.error_table(df)
+    assert table.loc[("linear (elu)", 512), "captured"] == "1.5 [1, 2]"
+    assert table.loc[("linear (elu)", 512), "peaked(2)"] == "0.9"
+    low = inputs_error.low_precision_table(df)
+    assert low.loc[("sdpa", "bfloat16"), "outliers(2,20)"] == "0.001"
+    assert inputs_error.blocks(df.assign(inputs="randn")) == []  # nothing but randn: no section
