@@ -78,6 +78,8 @@ def headlines(df: pd.DataFrame) -> list[str]:
     """One sentence per approximate backend line, at the longest N measured on both."""
     ap = _approximate(df)
     out = []
+    if ap.empty:
+        return out
     for line, g in ap.groupby("line"):
         both = set(g.loc[g["inputs_kind"] == CAPTURED, "seq_k"]) & set(
             g.loc[g["inputs_kind"] == "randn", "seq_k"])
