@@ -38,7 +38,7 @@ def _mask_text(causal: bool, window) -> str:
 
 
 # Case fields a direct call may set by keyword; the rest come from the tensors.
-KNOBS = tuple(f for f in Case.knob_fields() if f != "scale")
+KNOBS = tuple(f for f in Case.knob_fields() if f not in ("scale", "inputs"))  # inputs: given
 _TENSOR_FIELDS = tuple(f for f in Case.CORE_FIELDS if f not in ("mask", "seed"))
 
 

@@ -8,7 +8,8 @@ from functools import cached_property
 
 import torch
 
-from attnbench.core import block_layouts
+from attnbench.core import block_layouts, inputs_captured
+from attnbench.core import inputs as inputs_kinds
 from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
 from attnbench.core.masks import MaskSpec, visible_pairs
 
@@ -23,6 +24,7 @@ class Inputs:
     k: torch.Tensor  # (B, Hkv, Nk, D)
     v: torch.Tensor  # (B, Hkv, Nk, Dv)
     grad_out: torch.Tensor | None = None  # (B, Hq, Nq, Dv), backward modes only
+    info: dict = field(default_factory=dict)  # what a record says about them (source, hash)
 
     @property
     def nbytes(self) -> int:
@@ -58,6 +60,7 @@ class Case:
     linformer_k: int = 256  # linformer: rows K and V are projected to along the sequence
     memory_budget_mb: int = 256
     scale: float | None = None  # None means 1/sqrt(head_dim)
+    inputs: str = "randn"  # what q, k, v look like (core/inputs.py); randn stays out of keys
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -73,6 +76,7 @@ class Case:
         if self.heads_q % self.heads_kv:
             raise ValueError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
+        object.__setattr__(self, "inputs", str(inputs_kinds.parse(self.inputs)))
 
     # ---- identity -------------------------------------------------------
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
@@ -107,6 +111,26 @@ class Case:
     @property
     def mask_spec(self) -> MaskSpec:
         return MaskSpec.parse(self.mask)
+
+    @property
+    def inputs_spec(self) -> inputs_kinds.InputsSpec:
+        return inputs_kinds.parse(self.inputs)
+
+    def inputs_problem(self) -> str | None:
+        """Why this shape cannot hold its inputs (a captured model's head count and length,
+        a rank above head_dim...), or None. Not raised by the constructor, so that a case
+        can be re-shaped freely (the runner blanks lengths to group cases)."""
+        spec = self.inputs_spec
+        try:
+            if spec.captured:
+                inputs_captured.check_shape(spec.knobs[0], self.heads_q, self.heads_kv,
+                                            self.seq_q, self.seq_k, self.head_dim,
+                                            self.head_dim_v)
+            else:
+                inputs_kinds.check_shape(spec, self.head_dim, self.seq_k)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -179,21 +203,40 @@ class Case:
         return self.mode in ("bwd", "fwd_bwd")
 
     def make_inputs(self, device: str | torch.device | None = None) -> Inputs:
-        """Deterministic inputs from ``seed``, the same values in every dtype. On a GPU they
-        are drawn there (drawing 16K tokens x 2048 on the CPU took seconds per case), so GPU
-        and CPU cases with one seed hold different values."""
+        """Deterministic inputs from ``seed`` and ``inputs``, the same values in every dtype.
+        On a GPU they are drawn there (drawing 16K tokens x 2048 on the CPU took seconds per
+        case), so GPU and CPU cases with one seed hold different values. Captured inputs
+        raise RuntimeError with the install command when the model is missing."""
         B, Hq, Hkv, Nq, Nk, D, Dv = (self.batch, self.heads_q, self.heads_kv, self.seq_q,
                                      self.seq_k, self.head_dim, self.head_dim_v)
         dev = torch.device(device or self.device)
         draw_on = dev if dev.type == "cuda" else torch.device("cpu")
         gen = torch.Generator(device=draw_on).manual_seed(self.seed)
+        spec = self.inputs_spec
+        if self.inputs_problem():
+            raise ValueError(self.inputs_problem())
 
         def make(*shape):
-            return torch.randn(*shape, generator=gen, device=draw_on).to(
-                device=dev, dtype=self.torch_dtype)
+            return torch.randn(*shape, generator=gen, device=draw_on)
 
-        q = make(B, Hq, Nq, D)
-        k = make(B, Hkv, Nk, D)
-        v = make(B, Hkv, Nk, Dv)
+        def cast(t):
+            return t.to(device=dev, dtype=self.torch_dtype)
+
+        info: dict = {}
+        if spec.captured:
+            why = inputs_captured.unavailable_reason()
+            if why:
+                raise RuntimeError(why)
+            q, k, v, info = inputs_captured.captured_qkv(spec.knobs[0], B, Hq, Hkv, Nq, Nk,
+                                                         self.seed)
+        else:
+            q = make(B, Hq, Nq, D)
+            k = make(B, Hkv, Nk, D)
+            v = make(B, Hkv, Nk, Dv)
         grad_out = make(B, Hq, Nq, Dv) if self.needs_grad else None  # drawn last: q, k, v
-        return Inputs(q, k, v, grad_out)                              # do not depend on it
+        # do not depend on it
+        if spec.kind in inputs_kinds.SYNTHETIC:  # structure from its own stream, so q, k
+            structure = torch.Generator(device=draw_on).manual_seed(self.seed + 1_000_003)
+            q, k = inputs_kinds.shape_synthetic(spec, q, k, self.softmax_scale, structure)
+        return Inputs(cast(q), cast(k), cast(v),
+                      None if grad_out is None else cast(grad_out), info)

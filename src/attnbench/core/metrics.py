@@ -111,6 +111,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("flops_dense", "FLOP", NEUTRAL, "FLOPs of all Nq x Nk pairs"),
     Metric("input_bytes", "bytes", NEUTRAL, "bytes the inputs (q, k, v, grad_out) hold"),
     *_errors(),
+    # Properties of the case's inputs (core/inputs_properties.py): why an approximation is
+    # wrong on one input and not another. Measured once per inputs, on the full softmax.
+    Metric("in_entropy", "1", NEUTRAL, "inputs: mean entropy of an attention row over "
+           "log(Nk) (1 = uniform, as on randn; low = peaked)", sig=3),
+    Metric("in_top8_mass", "1", NEUTRAL, "inputs: mean attention mass of a row's 8 largest "
+           "weights", sig=3),
+    Metric("in_sink_mass", "1", NEUTRAL, "inputs: attention mass, averaged over queries, on "
+           "the key that receives most (an attention sink), mean over heads", sig=3),
+    Metric("in_eff_rank_k", "1", NEUTRAL, "inputs: effective rank of each head's K (exp of "
+           "the entropy of its normalised singular values; D for noise, r for rank r)", sig=3),
+    Metric("in_kurtosis_qk", "1", NEUTRAL, "inputs: kurtosis of the entries of q and of k, "
+           "the larger (3 for a normal; outlier channels raise it)", sig=3),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

@@ -41,6 +41,10 @@ OPTIONAL_COLUMNS = {
     "profile_plain_ms": "median wall time of plain calls alternating with the profiled ones "
                         "(the profiler's cost is the table's total over it)",
     "profile_top": "the kernel table's largest rows (name, calls, self_ms, share, tflops, gbps)",
+    "inputs_source": "captured inputs: the model, layer, text (an installed package's, read at "
+                     "run time) and windows their Q, K, V come from",
+    "inputs_token_hash": "captured inputs: sha256 of the text's token ids (the capture cache's "
+                         "key)",
     "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "
                      "num_warps, num_stages) that ran",
     "triton_compiled": "triton_flash: compiled kernel metadata per kernel (registers, spill "

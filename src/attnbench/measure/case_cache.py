@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 import torch
 
+from attnbench.core import inputs_properties
 from attnbench.core.case import Case, Inputs
 from attnbench.core.reference import RefResult, case_reference
 
@@ -25,7 +26,7 @@ CUDA_BUDGET_FRACTION = 0.10
 def inputs_key(case: Case) -> tuple:
     """What a case's inputs depend on: not the mask, the mode or the backend."""
     return (case.batch, case.heads_q, case.heads_kv, case.seq_q, case.seq_k, case.head_dim,
-            case.head_dim_v, case.dtype, case.device, case.seed)
+            case.head_dim_v, case.dtype, case.device, case.seed, case.inputs)
 
 
 def reference_key(case: Case) -> tuple:
@@ -55,6 +56,7 @@ class CaseCache:
         self.budget = budget
         self.entries: OrderedDict[tuple, Inputs | RefResult] = OrderedDict()
         self.made = {"inputs": 0, "reference": 0}  # how often each had to be computed
+        self.properties: dict[tuple, dict] = {}  # inputs_key -> the in_* columns (small)
 
     @property
     def held_bytes(self) -> int:
@@ -94,6 +96,14 @@ class CaseCache:
             have = case.make_inputs()
             self._put(key, have)
         return have if case.needs_grad else dataclasses.replace(have, grad_out=None)
+
+    def properties_for(self, case: Case) -> dict:
+        """The measured properties of the case's inputs (core/inputs_properties.py)."""
+        key = (inputs_key(case), case.softmax_scale)
+        if key not in self.properties:
+            x = self.inputs_for(case)
+            self.properties[key] = inputs_properties.properties(x.q, x.k, case.softmax_scale)
+        return self.properties[key]
 
     def reference_for(self, case: Case) -> RefResult:
         key = ("reference", reference_key(case))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.core import accuracy
+from attnbench.core import accuracy, inputs_captured
 from attnbench.core.backend import DIFFERENT, EXACT, Backend, Prepared
 from attnbench.core.case import Case, Inputs
 from attnbench.core.errors import NotSupported
@@ -91,13 +91,19 @@ def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
     reasons = backend.not_supported_reasons(case)
     if reasons:
         return record.update(status="unsupported", reason="; ".join(reasons))
+    if case.inputs_problem():
+        return record.update(status="unsupported", reason=case.inputs_problem())
+    if case.inputs_spec.captured and inputs_captured.unavailable_reason():
+        return record.update(status="unavailable", reason=inputs_captured.unavailable_reason())
     try:
         inputs = cache.inputs_for(case)
+        record.update(**inputs.info)
         t0 = time.perf_counter()
         prepared = backend.prepare(case, inputs)
         record.update(setup_s=time.perf_counter() - t0)
         if check:
             _check(record, backend, prepared, inputs, cache)
+            record.update(**cache.properties_for(case))
             if determinism:
                 record.update(deterministic=same_twice(prepared))
         else:

@@ -18,7 +18,15 @@ from attnbench.analysis import comparisons
 from attnbench.analysis.claims import claims_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
-from attnbench.reporting import document, findings, guide_lines, plots, tables, time_breakdown
+from attnbench.reporting import (
+    document,
+    findings,
+    guide_lines,
+    inputs_error,
+    plots,
+    tables,
+    time_breakdown,
+)
 from attnbench.reporting.document import Bold, Bullets, Figure, Figures, Heading, Para, Table
 from attnbench.runs import dataset
 from attnbench.runs.suite import declared_comparisons
@@ -85,7 +93,7 @@ class Report:
                                                self.claims[run.label])
             if verdicts:
                 out.append(verdicts + (f" ({run.label})" if len(self.runs) > 1 else ""))
-        return out
+        return out + inputs_error.headlines(self.df)
 
     # ---- charts -----------------------------------------------------------------------
 
@@ -164,6 +172,7 @@ class Report:
             out += [Heading(2, "Headline"), Bullets([[h] for h in heads])]
         out += self._environment()
         out += self._claims()
+        out += inputs_error.blocks(self.df)
         for c, recs, sp in self.planned:
             out += self._comparison(c, recs, sp)
         out += time_breakdown.blocks(self)

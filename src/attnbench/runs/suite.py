@@ -17,6 +17,7 @@ from pathlib import Path
 
 from attnbench.analysis.claims import validate_claims
 from attnbench.analysis.comparisons import Comparison, validate_comparisons
+from attnbench.core import inputs as inputs_kinds
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput
@@ -78,7 +79,10 @@ class Sweep:
                 point.setdefault("seq_k", n)
             point.setdefault("heads_kv", point.get("heads_q", Case.heads_q))
             point.setdefault("head_dim_v", point.get("head_dim", Case.head_dim))
-            out.append(Case(**point))
+            case = Case(**point)
+            if case.inputs_problem():
+                raise ValueError(case.inputs_problem())
+            out.append(case)
         return out
 
     def backend_excluded(self, case: Case, backend: str) -> bool:
@@ -224,6 +228,11 @@ class _Validator:
                 return str(MaskSpec.parse(str(v)))
             except ValueError as exc:
                 self.fail(key, v, f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
+        if key == "inputs":
+            try:
+                return str(inputs_kinds.parse(str(v)))
+            except ValueError as exc:
+                self.fail(key, v, str(exc))
         if key == "mode":
             if v not in MODES:
                 self.fail(key, v, f"unknown mode; allowed: {', '.join(MODES)}")
