@@ -44,8 +44,10 @@ def test_shipped_model_sections_are_valid(name):
     (('batch = 1', 'batch = 0'), "models.run[0].batch = 0: must be a positive integer"),
     (('"naive"', '"nope"'), "models.backends = ['eager', 'sdpa', 'nope', 'sliding_window']: "
                             "unknown name 'nope'; allowed: eager,"),
+    (("min_reps = 6", "min_reps = 0"), "models.timing.min_reps = 0: must be a positive integer"),
     (("share_passes = 2", "colour = 2"), "models.colour = 2: unknown key; allowed: description"),
-    (("budget_s = 0.0", "budget_s = -1"), "models.timing.budget_s = -1: must be a positive"),
+    (("budget_s = 0.0", "budget_s = -1"),
+     "models.timing.budget_s = -1: must be a non-negative number"),
 ])
 def test_bad_model_sections_are_one_line(write_suite, change, expected):
     path = write_suite(TINY.replace(*change))

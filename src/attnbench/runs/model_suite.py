@@ -109,8 +109,10 @@ def load_model_suite(name_or_path: str, known_backends: list[str], device: str) 
         c.fail("timing", timing, "must be a table")
     c.keys(timing, tuple(TIMING), "timing.")
     for k, v in timing.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            c.fail(f"timing.{k}", v, "must be a positive number")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            c.fail(f"timing.{k}", v, "must be a non-negative number")
+        if TIMING[k] is int and (not isinstance(v, int) or v < 1):
+            c.fail(f"timing.{k}", v, "must be a positive integer")
     budget = TimingBudget(**{k: TIMING[k](v) for k, v in timing.items()})
     runs = section.get("run")
     if not isinstance(runs, list) or not runs:
