@@ -118,3 +118,12 @@ def test_a_tiny_model_run_records_every_backend_and_reports_it(write_suite, tmp_
     assert "### llama3 (tiny config, random weights), batch 1, N = 16" in text
     assert "| fwd |" in text and "| train |" in text  # best backend, kernel beside model
     assert "sliding_window (fwd): unsupported: mask causal" in text
+
+
+def test_bad_model_suite_on_the_command_line_is_exit_2_and_one_line(write_suite, capsys):
+    from attnbench.cli import main
+
+    path = write_suite(TINY.replace('model = "llama3"', 'model = "t5"'))
+    assert main(["model", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "models.run[0].model = 't5'" in err
