@@ -76,8 +76,10 @@ class ModelAttention:
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self._built: dict[str, object] = {}
-        self.calls: list[Case] = []  # the cases it ran (the model's attention shapes)
+        self._cases: dict[tuple, Case] = {}  # call signature -> case
+        self._built: dict[Case, tuple[list[str], object]] = {}  # case -> (reasons, f)
+        # The distinct cases it ran since last cleared (the model's attention shapes), in order.
+        self.calls: dict[Case, None] = {}
         self.clock: AttentionClock | None = None  # set while attention's share is measured
 
     def case_for(self, query, key, value, causal: bool, window: int | None,
@@ -106,13 +108,14 @@ class ModelAttention:
             k = k.repeat_interleave(group, dim=1)  # (B, Hq, Nk, D)
             v = v.repeat_interleave(group, dim=1)  # (B, Hq, Nk, Dv)
             case = case.replace(heads_kv=case.heads_q)
-        reasons = self.reasons(case)
+        built = self._built.get(case)
+        if built is None:  # once per shape: the model's layers reuse it, so a call costs
+            reasons = self.reasons(case)  # no more Python than eager's
+            f = None if reasons else self.backend.build(case, Inputs(q, k, v))
+            built = self._built[case] = (reasons, f)
+        reasons, f = built
         if reasons:
             raise NotSupported(self.backend.name, reasons)
-        f = self._built.get(case.key)
-        if f is None:
-            f = self.backend.build(case, Inputs(q, k, v))
-            self._built[case.key] = f
         return f(q, k, v)  # (B, Hq, Nq, Dv)
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -129,8 +132,15 @@ class ModelAttention:
         Nq, Nk = query.shape[2], key.shape[2]
         if attention_mask is not None and Nq != Nk:
             raise NotSupported(name, ["padding with seq_q != seq_k (a KV cache) is not mapped"])
-        case = self.case_for(query, key, value, causal, sliding_window, scaling)
-        self.calls.append(case)
+        needs_grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (query, key, value))
+        sig = (query.shape, key.shape, value.shape[-1], query.dtype, query.device, causal,
+               sliding_window, scaling, needs_grad)
+        case = self._cases.get(sig)
+        if case is None:
+            case = self._cases[sig] = self.case_for(query, key, value, causal,
+                                                    sliding_window, scaling)
+        self.calls[case] = None
         clock = self.clock
         if clock is not None:
             query, key, value = _Mark.apply(clock, "end", query, key, value)

@@ -181,7 +181,7 @@ def measure_job(job: ModelJob, built: BuiltModel, budget: TimingBudget) -> list[
             if backend == EAGER:
                 ref = out
             else:
-                calls = hf_adapter.adapter(backend).calls
+                calls = list(hf_adapter.adapter(backend).calls)
                 cases[backend] = calls[0] if calls else None
                 row["attn_case"] = calls[0].key if calls else None
             row["_out"] = out
