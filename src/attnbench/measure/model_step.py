@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.core.backend import EXACT
 from attnbench.core.errors import NotSupported
 from attnbench.core.registry import all_backends
 from attnbench.measure import hf_adapter
@@ -150,9 +151,11 @@ def measure_job(job: ModelJob, built: BuiltModel, budget: TimingBudget) -> list[
     records = []
 
     def base(backend, step, level):
+        impl = all_backends().get(backend)
         return {"model": job.model, "scale": job.scale, "weights": built.weights,
                 "batch": job.batch, "seq_len": job.seq_len, "dtype": job.dtype,
-                "device": job.device, "backend": backend, "step": step, "level": level}
+                "device": job.device, "backend": backend, "step": step, "level": level,
+                "semantics": impl.semantics if impl is not None else EXACT}
 
     for step in job.steps:
         ok, cases, rows, ref = {}, {}, {}, None
