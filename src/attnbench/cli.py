@@ -1,4 +1,4 @@
-"""Command line: ``attnbench run | profile | list | env | report | publish | recommend |
+"""Command line: ``attnbench run | profile | model | list | env | report | publish | recommend |
 compare | merge``.
 
 Each command is a module of ``attnbench.commands`` with its parser and handler; this file
@@ -16,6 +16,7 @@ from attnbench.commands import (
     compare,
     env,
     merge,
+    model,
     profile,
     publish,
     recommend,
@@ -26,7 +27,7 @@ from attnbench.commands import list as list_command
 from attnbench.core.errors import BadInput, PeerLost
 
 # In the order ``attnbench --help`` lists them.
-COMMANDS = (run, profile, list_command, env, report, publish, recommend, compare, merge)
+COMMANDS = (run, profile, model, list_command, env, report, publish, recommend, compare, merge)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 TOP_KEYS = ("name", "description", "backends", "axes", "derive", "exclude", "timing", "defaults",
-            "sweep", "claim", "comparison")
+            "sweep", "claim", "comparison",
+            "models")  # read by runs/model_suite.py (attnbench model), not by attnbench run
 SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude", "devices")
 DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it runs on
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
