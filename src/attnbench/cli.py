@@ -23,7 +23,7 @@ from attnbench.commands import (
     run,
 )
 from attnbench.commands import list as list_command
-from attnbench.core.errors import BadInput, PeerLost
+from attnbench.core.errors import BadInput, PeerLost, line
 
 # In the order ``attnbench --help`` lists them.
 COMMANDS = (run, profile, list_command, env, report, publish, recommend, compare, merge)
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BadInput as exc:
-        print(f"attnbench: error: {exc}", file=sys.stderr)
+        print(line(f"attnbench: error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)

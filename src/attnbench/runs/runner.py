@@ -146,6 +146,7 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
         "suite_description": suite.description,
         "suite_path": suite.path,
         "suite_hash": suite.content_hash,
+        "suite_toml": suite.text,  # what --resume replays, whatever the file holds later
         "claims": suite.claims,
         "comparisons": [dataclasses.asdict(c) for c in suite.comparisons],
         "environment": env,
