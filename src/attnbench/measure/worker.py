@@ -52,6 +52,11 @@ def setup_process(threads: int | None) -> None:
     configure_allocator()
 
 
+# worker.log past LOG_LIMIT bytes is cut to its last LOG_KEEP between groups
+LOG_LIMIT = 8 * 2**20
+LOG_KEEP = 2**20
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     threads: int | None = None
@@ -237,7 +242,29 @@ class IsolatedExecutor:
         case, backend = jobs[0]
         return [Record.new(case, backend, status, result)]
 
+    def _trim_log(self) -> None:
+        """Between groups (the worker idle), cut a log past LOG_LIMIT to its last LOG_KEEP
+        bytes: a chatty backend cannot fill the disk. The worker appends (O_APPEND), so its
+        next lines land after what is kept."""
+        log = self.config.log_path
+        try:
+            size = os.path.getsize(log) if log else 0
+        except OSError:
+            return
+        if size <= LOG_LIMIT:
+            return
+        with open(log, "rb") as fh:
+            fh.seek(size - LOG_KEEP)
+            tail = fh.read()
+        note = (f"[attnbench: {size - len(tail)} earlier bytes of worker output dropped; "
+                f"this log keeps its last {LOG_KEEP} bytes]\n").encode()
+        with open(log, "r+b") as fh:
+            fh.write(note + tail)
+            fh.truncate()
+        self.log_offset = max(len(note), self.log_offset - (size - len(tail)) + len(note))
+
     def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False):
+        self._trim_log()
         if self.proc is None or not self.proc.is_alive():
             self._start()
         try:
