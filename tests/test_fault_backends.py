@@ -123,9 +123,9 @@ def test_oom_is_recorded_and_larger_cases_skipped(by_pair):
         "ok", "oom", "skipped"]
 
 
-def test_chatty_output_stays_in_a_bounded_worker_log(fault_run, capfd):
+def test_chatty_output_stays_in_the_worker_log(fault_run, capfd):
     log = (fault_run / "worker.log").read_bytes()
     assert b"fake_chatty: stdout noise" in log
-    assert len(log) < 1024 + 4096  # cut between groups (past 1 KiB here), one group past it
-    assert b"earlier bytes of worker output dropped" in log
+    assert len(log) < 1024 + 4096  # cut between groups past 1 KiB here
+    # (the cut itself: test_worker_limits.py)
     assert "fake_chatty" not in capfd.readouterr().out

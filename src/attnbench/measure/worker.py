@@ -10,6 +10,7 @@ crashed or hung is rerun one job at a time, so only the guilty job's record says
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import resource
@@ -29,6 +30,7 @@ from attnbench.measure.timing import TimingBudget
 
 Job = tuple[Case, str]
 CEILINGS_TIMEOUT_S = 600
+STARTUP_TIMEOUT_S = 300  # a fresh worker importing torch on a loaded machine
 
 
 class Probes:
@@ -100,13 +102,24 @@ class GlobalState:
 def _worker_main(conn, config: WorkerConfig) -> None:
     if config.log_path:
         _redirect_output(config.log_path)
-    if config.max_memory_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes,
-                                                config.max_memory_bytes))
+    if config.max_memory_bytes:  # the soft limit: lifted while the ceilings are measured
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes, hard))
     try:
         _serve(conn, config.threads, config.profile_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
         pass  # the parent reports the interruption
+
+
+@contextlib.contextmanager
+def _uncapped():
+    """The address-space cap (--max-memory) lifted to its hard limit, then put back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
@@ -114,6 +127,7 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
     state = GlobalState()
     cache = CaseCache()
     probes = Probes()
+    conn.send(("ready", None))  # start-up (importing torch) is not a pair's time
     while True:
         try:
             msg = conn.recv()
@@ -122,7 +136,9 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
         if msg is None:
             return
         if msg[0] == "ceilings":
-            conn.send(measure_ceilings(*msg[1:]))
+            with _uncapped():  # the device's ceilings, not a pair: --max-memory is for pairs
+                ceilings = measure_ceilings(*msg[1:])
+            conn.send(ceilings)
             continue
         _, jobs, budget, repeat = msg
         def progress():  # after each job's setup and after timing
@@ -185,6 +201,11 @@ class IsolatedExecutor:
         self.proc.start()
         child.close()
         self.conn = parent
+        try:  # a pair's timeout starts once the worker is up, however loaded the machine
+            if self.conn.poll(STARTUP_TIMEOUT_S):
+                self.conn.recv()  # ("ready", None)
+        except (EOFError, ConnectionResetError):
+            pass  # it died starting: the first send or receive says so
 
     def last_output(self, lines: int = 3) -> str:
         """The last lines the current worker wrote (its log since it started)."""
