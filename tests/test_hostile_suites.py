@@ -151,3 +151,26 @@ def test_resume_of_a_run_without_a_recorded_suite_refuses_a_changed_file(
     (tmp_path / "s.toml").write_text(BASE.replace("head_dim = 8", "head_dim = 16"))
     assert main(["run", "--resume", "old", "--no-progress", "--no-report"]) == 2
     assert "changed since the run started" in one_line(capsys.readouterr().err)
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line(capsys, monkeypatch):
+    import attnbench.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnbench.cli, "build_parser", interrupted)
+    assert main(["run", "--dry-run"]) == 130
+    assert capsys.readouterr().err == "attnbench: interrupted\n"
+
+
+def test_the_package_loads_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnbench, attnbench.cli; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(attnbench.Case)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "attnbench.core.case.Case" in proc.stdout

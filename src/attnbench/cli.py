@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    try:  # (a Ctrl-C while the command's modules load is answered like one later)
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except BadInput as exc:
         print(line(f"attnbench: error: {exc}"), file=sys.stderr)

@@ -152,9 +152,6 @@ def _replay(args) -> dict:
 
 
 def run(args) -> int:
-    from attnbench.core import metrics
-    from attnbench.reporting import tables
-    from attnbench.reporting.report import build_report
     from attnbench.runs import record_files
     from attnbench.runs.overrides import select
     from attnbench.runs.plan import check_plan, expand, make_plan, size_problem
@@ -208,6 +205,10 @@ def run(args) -> int:
                          threads=inv["threads"], progress=not args.no_progress, retry=retry,
                          invocation=inv, max_memory_bytes=max_memory,
                          explicit_dtypes=inv["dtype"] is not None, profile=args.profile)
+    from attnbench.core import metrics
+    from attnbench.reporting import tables
+    from attnbench.reporting.report import build_report
+
     run_dir = run_suite(suite, device, options)
     if not is_lead():  # a torchrun rank other than 0: rank 0 merged its records
         print(f"rank {os.environ.get('RANK')}: its records are in {run_dir}")
