@@ -72,8 +72,8 @@ def _check(node: ast.expr) -> list[str]:
             and node.func.id in _FUNCTIONS and not node.keywords
             and not any(isinstance(a, ast.Starred) for a in node.args)):
         if len(node.args) < 2:  # max(seq_len) would iterate an integer
-            raise ArithError(f"{ast.unparse(node)!r}: {node.func.id}() takes two or more "
-                             f"arguments, e.g. {node.func.id}(seq_len, 64)")
+            raise ArithError(f"{node.func.id}() takes two or more arguments, e.g. "
+                             f"{node.func.id}(seq_len, 64)")
         return [n for a in node.args for n in _check(a)]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
         raise ArithError("'/' is not integer division; use //")
