@@ -306,6 +306,46 @@ class KillsItsRank(Fake):
         return _exact(case)
 
 
+
+class AddsABatch(Fake):
+    """Returns its output with an extra leading axis: (1, B, Hq, Nq, Dv) broadcasts against
+    the reference, so only a shape check tells it is wrong."""
+
+    name = "fake_shape_unsqueeze"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+        return lambda q, k, v: exact(q, k, v).unsqueeze(0)
+
+
+class DoublesTheBatch(Fake):
+    """Returns two copies of its output along the batch axis (2B rows, right values)."""
+
+    name = "fake_shape_cat"
+
+    def build(self, case, inputs):
+        exact = _exact(case)
+
+        def f(q, k, v):
+            out = exact(q, k, v)
+            return torch.cat([out, out], 0)
+
+        return f
+
+
+class SetExtras(Fake):
+    """Exact attention whose prepare() reports a kernel that JSON cannot hold (a set):
+    picklable, so it reaches the runner, which must not stop the sweep on it."""
+
+    name = "fake_extras_set"
+
+    def prepare(self, case, inputs):
+        prepared = super().prepare(case, inputs)
+        prepared.extras["kernel"] = {1, 2}
+        return prepared
+
+
 BACKENDS = [Sleeps(), Logged(), KillsItsRank(), LosesContext(), Jitters(), OomAbove(), Raises(),
             Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(), Refuses(), DriftingSlow(),
-            DriftingFast(), Aborts(), WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog()]
+            DriftingFast(), Aborts(), WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog(),
+            AddsABatch(), DoublesTheBatch(), SetExtras()]

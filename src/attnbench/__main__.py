@@ -3,6 +3,10 @@ attnbench run ...``)."""
 
 import sys
 
-from attnbench.cli import main
+try:
+    from attnbench.cli import main
+except KeyboardInterrupt:  # Ctrl-C before the command line is even read
+    print("attnbench: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

@@ -24,7 +24,7 @@ from attnbench.commands import (
     run,
 )
 from attnbench.commands import list as list_command
-from attnbench.core.errors import BadInput, PeerLost
+from attnbench.core.errors import BadInput, PeerLost, line
 
 # In the order ``attnbench --help`` lists them.
 COMMANDS = (run, profile, model, list_command, env, report, publish, recommend, compare, merge)
@@ -39,11 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    try:  # (a Ctrl-C while the command's modules load is answered like one later)
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except BadInput as exc:
-        print(f"attnbench: error: {exc}", file=sys.stderr)
+        print(line(f"attnbench: error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)

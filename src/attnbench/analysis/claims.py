@@ -20,11 +20,17 @@ medians), and the verdict is ``holds`` (the interval inside the range), ``does n
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import math
+
 import pandas as pd
 
 from attnbench.core import metrics
-from attnbench.core.errors import BadInput
+from attnbench.core.case import Case
+from attnbench.core.errors import BadInput, shown
 from attnbench.core.where import case_matches, where_mask
+from attnbench.core.where import values as where_values
 from attnbench.stats import intervals, ratios
 from attnbench.stats.fits import exponent_interval
 
@@ -34,40 +40,60 @@ CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denom
 SHAPE = ["batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v", "dtype",
          "mode"]
 KINDS = ("ratio", "value", "exponent")
+WHERE_FIELDS = tuple(f.name for f in dataclasses.fields(Case)) + ("seq_len",)
 
 
 def validate_claims(raw, path) -> list[dict]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise BadInput(f"{path}: claim = {raw!r}: must be a list of [[claim]] tables")
+        raise BadInput(f"{path}: claim = {shown(raw)}: must be a list of [[claim]] tables")
     out = []
     for i, c in enumerate(raw):
         where = f"claim[{i}]"
         if not isinstance(c, dict):
-            raise BadInput(f"{path}: {where} = {c!r}: must be a table")
+            raise BadInput(f"{path}: {where} = {shown(c)}: must be a table")
         for k in c:
             if k not in CLAIM_KEYS:
-                raise BadInput(f"{path}: {where}.{k} = {c[k]!r}: unknown key; allowed: "
+                raise BadInput(f"{path}: {where}.{k} = {shown(c[k])}: unknown key; allowed: "
                                f"{', '.join(CLAIM_KEYS)}")
         kind = c.get("kind")
         if kind not in KINDS:
-            raise BadInput(f"{path}: {where}.kind = {kind!r}: allowed: {', '.join(KINDS)}")
+            raise BadInput(f"{path}: {where}.kind = {shown(kind)}: allowed: {', '.join(KINDS)}")
         need = {"ratio": ("numerator", "denominator"), "value": ("backend",),
                 "exponent": ("backend",)}[kind]
         for k in ("text",) + need:
             if not isinstance(c.get(k), str):
-                raise BadInput(f"{path}: {where}.{k} = {c.get(k)!r}: must be a string")
-        if "metric" in c and c["metric"] not in metrics.BY_NAME:
-            raise BadInput(f"{path}: {where}.metric = {c['metric']!r}: not a declared metric; "
-                           f"allowed: {', '.join(metrics.NAMES)}")
+                raise BadInput(f"{path}: {where}.{k} = {shown(c.get(k))}: must be a string")
+        if "metric" in c and (not isinstance(c["metric"], str)
+                              or c["metric"] not in metrics.BY_NAME):
+            close = difflib.get_close_matches(str(c["metric"]), metrics.NAMES, n=4)
+            raise BadInput(f"{path}: {where}.metric = {shown(c['metric'])}: not a declared "
+                           f"metric; allowed: one of the {len(metrics.NAMES)} in "
+                           f"core/metrics.py, e.g. {', '.join(close or metrics.NAMES[:4])}")
+        scale = c.get("scale", 1.0)
+        if (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                or not math.isfinite(scale) or scale == 0):
+            raise BadInput(f"{path}: {where}.scale = {shown(scale)}: must be a finite nonzero "
+                           f"number (the factor the metric is multiplied by)")
+        for k in ("source", "unit"):
+            if k in c and not isinstance(c[k], str):
+                raise BadInput(f"{path}: {where}.{k} = {shown(c[k])}: must be a string")
         exp = c.get("expected")
         if exp is not None and not (isinstance(exp, list) and 1 <= len(exp) <= 2 and all(
-                isinstance(x, (int, float)) for x in exp)):
-            raise BadInput(f"{path}: {where}.expected = {exp!r}: give [low, high] or [low]")
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                for x in exp)):
+            raise BadInput(f"{path}: {where}.expected = {shown(exp)}: give [low, high] or [low]")
         for k in ("where", "numerator_where", "denominator_where"):
             if not isinstance(c.get(k, {}), dict):
-                raise BadInput(f"{path}: {where}.{k} = {c[k]!r}: must be a table")
+                raise BadInput(f"{path}: {where}.{k} = {shown(c[k])}: must be a table")
+            for field, value in c.get(k, {}).items():
+                if field not in WHERE_FIELDS:
+                    raise BadInput(f"{path}: {where}.{k}.{field}: unknown case field; "
+                                   f"allowed: {', '.join(WHERE_FIELDS)}")
+                if not all(isinstance(x, (str, int, float)) for x in where_values(value)):
+                    raise BadInput(f"{path}: {where}.{k}.{field} = {shown(value)}: must be a "
+                                   f"value or a list of values")
         out.append(dict(c))
     return out
 

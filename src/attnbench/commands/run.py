@@ -79,6 +79,48 @@ def _invocation(args) -> dict:
             "check_determinism": args.check_determinism or None}
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. under taskset or a container's
+    cpuset), which bounds --threads."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _check_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    cpus = usable_cpus()
+    if not 1 <= threads <= cpus:
+        raise BadInput(f"--threads {threads}: allowed: 1 to {cpus} (the CPUs this process "
+                       f"may use)")
+
+
+def _recorded_suite(args, name: str) -> tuple[str, str | None]:
+    """(its path, the suite TOML) the run being resumed recorded; (name, None) for a run from
+    before that: its file is read, and refused if it changed since (two suites never mix in
+    one run)."""
+    from attnbench.runs.record_files import META, read_meta
+    from attnbench.runs.suite import find_suite
+
+    meta = read_meta(Path(args.out) / args.resume)
+    if isinstance(meta.get("suite_toml"), str):
+        return str(meta.get("suite_path") or name), meta["suite_toml"]
+    import hashlib
+
+    source = meta.get("suite_path") or (meta.get("invocation") or {}).get("suite") or ""
+    try:
+        now = hashlib.sha256(find_suite(source).read_bytes()).hexdigest()[:16]
+    except (BadInput, OSError):
+        now = None
+    if meta.get("suite_hash") and now != meta["suite_hash"]:
+        raise BadInput(f"--resume {args.resume}: its suite {source!r} "
+                       f"{'changed' if now else 'cannot be read'} since the run started and "
+                       f"the run ({META}) records no copy of it; allowed: a new run")
+    return name, None
+
+
 def _replay(args) -> dict:
     """A resumed run's own options; a flag that contradicts them is bad input."""
     from attnbench.runs import run_folder
@@ -110,17 +152,13 @@ def _replay(args) -> dict:
 
 
 def run(args) -> int:
-    from attnbench.core import metrics
-    from attnbench.reporting import tables
-    from attnbench.reporting.report import build_report
     from attnbench.runs import record_files
     from attnbench.runs.overrides import select
-    from attnbench.runs.plan import check_plan, make_plan
+    from attnbench.runs.plan import check_plan, expand, make_plan, size_problem
     from attnbench.runs.runner import RunOptions, run_suite
     from attnbench.runs.sharding import is_lead
 
-    if args.threads is not None and args.threads <= 0:
-        raise BadInput(f"--threads {args.threads}: allowed: a positive integer")
+    _check_threads(args.threads)
     retry = tuple(csv_list(args.retry) or ())
     if retry and not args.resume:
         raise BadInput("--retry: only with --resume RUN_ID")
@@ -132,10 +170,26 @@ def run(args) -> int:
         raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
                        f"one of them (--resume names the run)")
     inv = _replay(args) if args.resume else _invocation(args)
-    suite, device, jobs = select(inv["suite"], inv["backends"], inv["dtype"], inv["seq_len"],
-                                 inv["device"])
+    _check_threads(inv["threads"])
+    max_memory = _size("--max-memory", inv.get("max_memory"))
+    if max_memory and not inv["isolate"]:
+        raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
+    source, text = _recorded_suite(args, inv["suite"]) if args.resume else (inv["suite"], None)
+    suite, device, _ = select(source, inv["backends"], inv["dtype"], inv["seq_len"],
+                              inv["device"], expand=False, suite_text=text)
     if inv.get("check_determinism"):
         suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
+    too_large = size_problem(suite, device)  # from the axes: before anything is expanded
+    if too_large and args.dry_run and not args.force:
+        print(f"plan: would be refused without --force: {too_large}")
+        return 0
+    if too_large and not args.force:
+        raise BadInput(f"plan refused: {too_large}; allowed: a smaller sweep, or --force to "
+                       f"run it anyway")
+    jobs = expand(suite, device, args.force)
+    if not jobs:
+        raise BadInput(f"{suite.path}: no (case, backend) pair on {device} is left after its "
+                       f"excludes and the command line; allowed: a suite with at least one")
     plan = make_plan(suite, jobs, device)
     if args.dry_run:
         print(f"plan: {plan.summary()}")
@@ -149,11 +203,12 @@ def run(args) -> int:
     options = RunOptions(out=Path(args.out), run_id=args.run_id or args.resume,
                          resume=bool(args.resume), isolate=inv["isolate"],
                          threads=inv["threads"], progress=not args.no_progress, retry=retry,
-                         invocation=inv, max_memory_bytes=_size("--max-memory", inv.get(
-                             "max_memory")), explicit_dtypes=inv["dtype"] is not None,
-                         profile=args.profile)
-    if options.max_memory_bytes and not options.isolate:
-        raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
+                         invocation=inv, max_memory_bytes=max_memory,
+                         explicit_dtypes=inv["dtype"] is not None, profile=args.profile)
+    from attnbench.core import metrics
+    from attnbench.reporting import tables
+    from attnbench.reporting.report import build_report
+
     run_dir = run_suite(suite, device, options)
     if not is_lead():  # a torchrun rank other than 0: rank 0 merged its records
         print(f"rank {os.environ.get('RANK')}: its records are in {run_dir}")

@@ -29,9 +29,9 @@ from attnbench.measure.memory import peak_memory_bytes
 from attnbench.measure.timing import Timing, TimingBudget, measure_interleaved
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
+def one_line(exc: BaseException, limit: int = 300, prefix: str = "") -> str:
     text = str(exc).strip().splitlines()
-    msg = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    msg = prefix + (f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
     return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
@@ -128,11 +128,37 @@ def open_job(case: Case, backend_name: str, cache: CaseCache) -> Record | Candid
     return _open(case, backend_name, cache)
 
 
+def output_problem(case: Case, inputs: Inputs, outputs: dict) -> str | None:
+    """Why the outputs cannot be the case's (a shape or dtype other than its inputs imply),
+    or None. Checked before any error is computed."""
+    b, hq, nq, dv = case.batch, case.heads_q, case.seq_q, case.head_dim_v
+    expected = {"out": ((b, hq, nq, dv), inputs.q.dtype),  # (B, Hq, Nq, Dv)
+                "dq": (tuple(inputs.q.shape), inputs.q.dtype),  # (B, Hq, Nq, D)
+                "dk": (tuple(inputs.k.shape), inputs.k.dtype),  # (B, Hkv, Nk, D)
+                "dv": (tuple(inputs.v.shape), inputs.v.dtype)}  # (B, Hkv, Nk, Dv)
+    for name, tensor in outputs.items():
+        if name not in expected:
+            continue
+        shape, dtype = expected[name]
+        if not isinstance(tensor, torch.Tensor):
+            return f"{name} is a {type(tensor).__name__}, not a tensor of shape {shape}"
+        if tuple(tensor.shape) != shape:
+            return f"{name} has shape {tuple(tensor.shape)}, the case needs {shape}"
+        if tensor.dtype != dtype:
+            return (f"{name} has dtype {str(tensor.dtype).removeprefix('torch.')}, the case "
+                    f"needs {str(dtype).removeprefix('torch.')}")
+    return None
+
+
 def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
            cache: CaseCache) -> None:
     """One call against the float64 evaluation: error columns and the ok/wrong verdict."""
     case = record.case
     outputs = prepared.outputs(prepared.fn())
+    problem = output_problem(case, inputs, outputs)
+    if problem:  # never compared by broadcasting: a wrong shape is wrong, not a small error
+        record.update(status="wrong", reason=problem)
+        return
     impl_ref = backend.impl_reference(case, inputs)
     exact_ref = cache.reference_for(case) if (impl_ref is None
                                               or backend.semantics != DIFFERENT) else None

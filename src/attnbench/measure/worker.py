@@ -10,6 +10,7 @@ crashed or hung is rerun one job at a time, so only the guilty job's record says
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import resource
@@ -29,6 +30,7 @@ from attnbench.measure.timing import TimingBudget
 
 Job = tuple[Case, str]
 CEILINGS_TIMEOUT_S = 600
+STARTUP_TIMEOUT_S = 300  # a fresh worker importing torch on a loaded machine
 
 
 class Probes:
@@ -50,6 +52,11 @@ def setup_process(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
     configure_allocator()
+
+
+# worker.log past LOG_LIMIT bytes is cut to its last LOG_KEEP between groups
+LOG_LIMIT = 8 * 2**20
+LOG_KEEP = 2**20
 
 
 @dataclass(frozen=True)
@@ -95,13 +102,24 @@ class GlobalState:
 def _worker_main(conn, config: WorkerConfig) -> None:
     if config.log_path:
         _redirect_output(config.log_path)
-    if config.max_memory_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes,
-                                                config.max_memory_bytes))
+    if config.max_memory_bytes:  # the soft limit: lifted while the ceilings are measured
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        resource.setrlimit(resource.RLIMIT_AS, (config.max_memory_bytes, hard))
     try:
         _serve(conn, config.threads, config.profile_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
         pass  # the parent reports the interruption
+
+
+@contextlib.contextmanager
+def _uncapped():
+    """The address-space cap (--max-memory) lifted to its hard limit, then put back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
@@ -109,6 +127,7 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
     state = GlobalState()
     cache = CaseCache()
     probes = Probes()
+    conn.send(("ready", None))  # start-up (importing torch) is not a pair's time
     while True:
         try:
             msg = conn.recv()
@@ -117,7 +136,9 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
         if msg is None:
             return
         if msg[0] == "ceilings":
-            conn.send(measure_ceilings(*msg[1:]))
+            with _uncapped():  # the device's ceilings, not a pair: --max-memory is for pairs
+                ceilings = measure_ceilings(*msg[1:])
+            conn.send(ceilings)
             continue
         _, jobs, budget, repeat = msg
         def progress():  # after each job's setup and after timing
@@ -180,6 +201,11 @@ class IsolatedExecutor:
         self.proc.start()
         child.close()
         self.conn = parent
+        try:  # a pair's timeout starts once the worker is up, however loaded the machine
+            if self.conn.poll(STARTUP_TIMEOUT_S):
+                self.conn.recv()  # ("ready", None)
+        except (EOFError, ConnectionResetError):
+            pass  # it died starting: the first send or receive says so
 
     def last_output(self, lines: int = 3) -> str:
         """The last lines the current worker wrote (its log since it started)."""
@@ -237,7 +263,29 @@ class IsolatedExecutor:
         case, backend = jobs[0]
         return [Record.new(case, backend, status, result)]
 
+    def _trim_log(self) -> None:
+        """Between groups (the worker idle), cut a log past LOG_LIMIT to its last LOG_KEEP
+        bytes: a chatty backend cannot fill the disk. The worker appends (O_APPEND), so its
+        next lines land after what is kept."""
+        log = self.config.log_path
+        try:
+            size = os.path.getsize(log) if log else 0
+        except OSError:
+            return
+        if size <= LOG_LIMIT:
+            return
+        with open(log, "rb") as fh:
+            fh.seek(size - LOG_KEEP)
+            tail = fh.read()
+        note = (f"[attnbench: {size - len(tail)} earlier bytes of worker output dropped; "
+                f"this log keeps its last {LOG_KEEP} bytes]\n").encode()
+        with open(log, "r+b") as fh:
+            fh.write(note + tail)
+            fh.truncate()
+        self.log_offset = max(len(note), self.log_offset - (size - len(tail)) + len(note))
+
     def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False):
+        self._trim_log()
         if self.proc is None or not self.proc.is_alive():
             self._start()
         try:

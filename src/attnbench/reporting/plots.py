@@ -10,6 +10,7 @@ None when it has nothing to draw.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import textwrap
@@ -161,6 +162,20 @@ def _y_axis(ax, values, label: str, force_log: bool = False) -> None:
         if v.size and v.max() / v.min() < 1e4:
             _plain_log_ticks(ax.yaxis)
     ax.set_ylabel(label)
+
+
+MAX_FILE_NAME = 150  # bytes; file systems allow 255, and _finish adds a '.' and '.tmp'
+
+
+def chart_file_name(stem: str, suffix: str = ".png") -> str:
+    """``stem + suffix``, shortened past MAX_FILE_NAME (a suite named with 226 characters
+    must not fail the report) with a hash of the whole stem, so names stay distinct."""
+    name = stem + suffix
+    if len(name.encode()) <= MAX_FILE_NAME:
+        return name
+    digest = hashlib.sha256(stem.encode()).hexdigest()[:10]
+    keep = MAX_FILE_NAME - len(suffix) - len(digest) - 2
+    return f"{stem.encode()[:keep].decode('utf-8', 'ignore')}--{digest}{suffix}"
 
 
 def _finish(fig, ax_or_axes, path: Path, title: str) -> None:

@@ -10,6 +10,7 @@ environment. Every number comes from the records of the runs given.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +30,7 @@ from attnbench.reporting import (
 )
 from attnbench.reporting.document import Bold, Bullets, Figure, Figures, Heading, Para, Table
 from attnbench.runs import dataset
+from attnbench.runs.record_files import write_atomic
 from attnbench.runs.suite import declared_comparisons
 
 FACET = ["dtype", "mode"]
@@ -100,7 +102,8 @@ class Report:
     @staticmethod
     def chart_name(kind: str, c: Comparison, facet: tuple) -> str:
         """What the file shows: time--family-window-vs-causal--float32-fwd.png."""
-        return f"{kind}--{c.slug}--{comparisons.slugify('-'.join(map(str, facet)))}.png"
+        return plots.chart_file_name(
+            f"{kind}--{c.slug}--{comparisons.slugify('-'.join(map(str, facet)))}")
 
     def _ceilings(self, recs: pd.DataFrame, dtype: str) -> dict[str, float]:
         present = set(recs["run_id"])
@@ -285,14 +288,29 @@ class Report:
         return out
 
 
+MANIFEST = ".attnbench-report.json"  # the files a build wrote: the only ones it may remove
+DOCUMENTS = ("index.md", "index.html")
+
+
+def _written_before(out: Path) -> list[str]:
+    try:
+        names = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return []  # no manifest (or not ours): nothing here is known to be ours
+    return [n for n in names if isinstance(n, str) and n == Path(n).name]
+
+
 def build_report(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
+    """Write the report into ``out_dir``. Charts an earlier build wrote (its manifest) and
+    this one did not draw are removed; anything else in the folder is never touched."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = Report(dataset.load(run_dirs), out)
     blocks = report.blocks()
-    for stale in out.glob("*.png"):  # charts of an earlier build that this one did not draw
-        if stale.name not in report.files:
-            stale.unlink()
+    for stale in set(_written_before(out)) - set(report.files) - set(DOCUMENTS):
+        (out / stale).unlink(missing_ok=True)
     title = "attnbench report: " + ", ".join(r.label for r in report.runs)
     document.write(blocks, out, title)
+    write_atomic(out / MANIFEST, json.dumps({"files": list(DOCUMENTS) + report.files},
+                                            indent=1) + "\n")
     return out

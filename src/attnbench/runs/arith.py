@@ -69,7 +69,11 @@ def _check(node: ast.expr) -> list[str]:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return _check(node.operand)
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id in _FUNCTIONS and node.args and not node.keywords):
+            and node.func.id in _FUNCTIONS and not node.keywords
+            and not any(isinstance(a, ast.Starred) for a in node.args)):
+        if len(node.args) < 2:  # max(seq_len) would iterate an integer
+            raise ArithError(f"{node.func.id}() takes two or more arguments, e.g. "
+                             f"{node.func.id}(seq_len, 64)")
         return [n for a in node.args for n in _check(a)]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
         raise ArithError("'/' is not integer division; use //")

@@ -43,12 +43,16 @@ def cpu_capability() -> str | None:
 def git_state(cwd: str | Path | None = None) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the checkout the package runs from, or (None, None)."""
     where = Path(cwd) if cwd else Path(__file__).resolve().parent
+    # Read only: `git status` would otherwise refresh the index and take .git/index.lock in
+    # the user's checkout (racing their own git commands).
+    git = ["git", "--no-optional-locks"]
+    env = os.environ | {"GIT_OPTIONAL_LOCKS": "0"}
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        commit = subprocess.run(git + ["rev-parse", "HEAD"], cwd=where, capture_output=True,
+                                text=True, timeout=10, check=True, env=env).stdout.strip()
+        status = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
                                 cwd=where, capture_output=True, text=True, timeout=10,
-                                check=True).stdout
+                                check=True, env=env).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         return None, None

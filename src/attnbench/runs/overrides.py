@@ -26,9 +26,12 @@ def positive_ints(option: str, text: str | None) -> list[int] | None:
 
 
 def select(suite_name: str, backends: str | None = None, dtype: str | None = None,
-           seq_len: str | None = None, device: str | None = "auto"):
+           seq_len: str | None = None, device: str | None = "auto", *,
+           suite_text: str | None = None, expand: bool = True):
     """(suite, device, jobs) for the options as given on a command line (CSV strings);
-    bad values raise BadInput naming the option and what is allowed."""
+    bad values raise BadInput naming the option and what is allowed. ``suite_text``: the
+    TOML a run recorded (replayed instead of the file); ``expand=False``: jobs is None (the
+    caller checks the plan's size from the axes first)."""
     from attnbench.core.registry import all_backends
     from attnbench.runs.runner import resolve_device
     from attnbench.runs.suite import load_suite, override_axes
@@ -44,7 +47,7 @@ def select(suite_name: str, backends: str | None = None, dtype: str | None = Non
     if dtypes is not None and not dtypes:
         raise BadInput("--dtype '': allowed: comma-separated dtypes, e.g. float32,bfloat16")
     device = resolve_device(device)
-    suite = load_suite(suite_name, known)
+    suite = load_suite(suite_name, known, text=suite_text)
     override_axes(suite, backends=names, dtype=dtypes,
                   seq_len=positive_ints("--seq-len", seq_len))
-    return suite, device, suite.jobs_on(device)
+    return suite, device, suite.jobs_on(device) if expand else None

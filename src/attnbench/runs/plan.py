@@ -50,6 +50,21 @@ def device_memory_bytes(device: str) -> int | None:
     return None
 
 
+def size_problem(suite: Suite, device: str) -> str | None:
+    """The refusal of a plan too large, read from the lengths of its axes (nothing expanded,
+    so a suite of millions of pairs is refused in milliseconds); None when it may fit."""
+    low, _ = suite.pair_bounds(device)
+    if low > MAX_PAIRS:
+        return f"at least {low} pairs exceed the limit of {MAX_PAIRS}"
+    return None
+
+
+def expand(suite: Suite, device: str, force: bool) -> list[tuple[Case, str]]:
+    """The plan's jobs; without ``force`` expansion stops past MAX_PAIRS (the plan is refused
+    then, and need not be made whole)."""
+    return suite.jobs_on(device, limit=None if force else MAX_PAIRS)
+
+
 @dataclass
 class Plan:
     pairs: int
@@ -63,14 +78,15 @@ class Plan:
         mem = "" if self.memory_bytes is None else f" of {self.memory_bytes / 2**30:.0f} GiB"
         big = "" if self.largest is None else (
             f"; largest inputs {self.largest_bytes / 2**20:.4g} MiB{mem} ({self.largest.key})")
-        return (f"{self.pairs} (case, backend) pairs over {self.cases} cases; about "
+        more = "more than " if self.pairs > MAX_PAIRS else ""  # expansion stopped there
+        return (f"{more}{self.pairs} (case, backend) pairs over {self.cases} cases; about "
                 f"{self.estimate_s / 60:.1f} min at the suite's budgets (more for slow "
                 f"calls){big}")
 
     def problems(self) -> list[str]:
         out = []
         if self.pairs > MAX_PAIRS:
-            out.append(f"{self.pairs} pairs exceed the limit of {MAX_PAIRS}")
+            out.append(f"more than {MAX_PAIRS} pairs (the limit)")
         if self.memory_bytes and self.largest_bytes > self.memory_bytes:
             out.append(f"the inputs of {self.largest.key} alone need "
                        f"{self.largest_bytes / 2**30:.3g} GiB, more than the device's "

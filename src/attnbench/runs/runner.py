@@ -18,6 +18,7 @@ from attnbench.core.errors import BadInput
 from attnbench.core.record import FORMAT_VERSION, Record
 from attnbench.measure import probe
 from attnbench.measure.ceilings import copy_roof
+from attnbench.measure.execute import one_line
 from attnbench.measure.worker import InProcessExecutor, IsolatedExecutor, WorkerConfig
 from attnbench.runs import environment, rank_folders, record_files, run_folder, sharding
 from attnbench.runs.pairing import job_groups
@@ -146,6 +147,7 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
         "suite_description": suite.description,
         "suite_path": suite.path,
         "suite_hash": suite.content_hash,
+        "suite_toml": suite.text,  # what --resume replays, whatever the file holds later
         "claims": suite.claims,
         "comparisons": [dataclasses.asdict(c) for c in suite.comparisons],
         "environment": env,
@@ -246,8 +248,15 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
             for rec in skipped + done:
                 if rec.status == "oom":
                     oom.note(rec.case, rec.backend)
-                writer.write(finish_record(rec, run_id, suite.name, env_cols, env_id,
-                                           ceilings))
+                row = finish_record(rec, run_id, suite.name, env_cols, env_id, ceilings)
+                try:  # (nothing is written when the line cannot be made)
+                    writer.write(row)
+                except (TypeError, ValueError, RecursionError) as exc:
+                    # e.g. a set in prepare()'s extras: that pair fails, the sweep goes on
+                    failed = Record.new(rec.case, rec.backend, "error", one_line(
+                        exc, prefix="its record cannot be written as JSON: "))
+                    writer.write(finish_record(failed, run_id, suite.name, env_cols, env_id,
+                                               ceilings))
                 bar.update(1)
 
 

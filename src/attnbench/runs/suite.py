@@ -20,7 +20,7 @@ from attnbench.analysis.comparisons import Comparison, validate_comparisons
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
-from attnbench.core.errors import BadInput
+from attnbench.core.errors import BadInput, shown
 from attnbench.core.masks import MASK_KINDS, MaskSpec
 from attnbench.measure.timing import TimingBudget
 from attnbench.runs import arith
@@ -48,7 +48,18 @@ INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq
 POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
                  "head_dim_v", "block_size", "num_features", "memory_budget_mb",
                  "linformer_k"}
+NON_NEGATIVE_AXES = {"seed", "block_band", "block_global", "block_random", "block_stride",
+                     "additive_dim"}
 SEQ_AXES = ("seq_len", "seq_q", "seq_k")
+# Axes whose values a Case checks together (heads_q must be a multiple of heads_kv).
+JOINT_AXES = ("heads_q", "heads_kv")
+# The axes an inputs kind other than randn limits (captured heads and length, a rank).
+INPUTS_SHAPE_AXES = ("inputs", "heads_q", "heads_kv", "seq_len", "seq_q", "seq_k", "head_dim",
+                     "head_dim_v")
+# Load checks every combination of the axes that can make a case invalid (those above, those
+# derived values read, those excludes name) when there are at most this many; beyond it the
+# remaining combinations are checked as the sweep expands (still before anything runs).
+LOAD_CHECK_POINTS = 10_000
 
 
 @dataclass
@@ -65,9 +76,13 @@ class Sweep:
         return not self.devices or device.split(":")[0] in self.devices
 
     def cases(self) -> list[Case]:
+        return list(self.iter_cases())
+
+    def iter_cases(self):
+        """The cases in order, made one at a time (a caller may stop early). ValueError
+        names the derived axis or the case field at fault."""
         names = [a for a in self.axes if a not in SEQ_AXES] + [a for a in SEQ_AXES
                                                                  if a in self.axes]
-        out = []
         for values in itertools.product(*(self.axes[n] for n in names)):
             point = dict(zip(names, values))
             for axis, expression in self.derive.items():
@@ -83,8 +98,46 @@ class Sweep:
             case = Case(**point)
             if case.inputs_problem():
                 raise ValueError(case.inputs_problem())
-            out.append(case)
-        return out
+            yield case
+
+    def checked_at_load(self) -> Sweep | None:
+        """The part of this sweep whose cases load checks: every combination of the axes
+        that can make a case or a derived value invalid, the other axes at their first
+        value; None when those combinations are more than LOAD_CHECK_POINTS."""
+        relevant = set(JOINT_AXES) | {k for rule in self.exclude if "backend" not in rule
+                                      for k in rule}
+        if any(v != "randn" for v in self.axes.get("inputs", ["randn"])):
+            relevant |= set(INPUTS_SHAPE_AXES)  # what an inputs kind's shape limits read
+        for expression in self.derive.values():
+            relevant |= expression.names
+        if "seq_len" in relevant:
+            relevant |= {"seq_q", "seq_k"}
+        axes = {k: (v if k in relevant else v[:1]) for k, v in self.axes.items()}
+        if math.prod(len(v) for v in axes.values()) > LOAD_CHECK_POINTS:
+            return None
+        return dataclasses.replace(self, axes=axes)
+
+    def pair_bounds(self) -> tuple[int, int]:
+        """(at least, at most) how many (case, backend) pairs this sweep gives on one device,
+        from the lengths of its axes alone: nothing is expanded. An exclude rule removes at
+        most the product of the values it matches (axes it does not name, or that are
+        derived, count whole), so the lower bound subtracts each rule's maximum."""
+        distinct = {k: len(set(v)) for k, v in self.axes.items() if k != "device"}
+        backends = set(self.backends)
+        high = math.prod(distinct.values()) * len(backends)
+        removed = 0
+        for rule in self.exclude:
+            if any(k not in self.axes and k not in self.derive and k not in CASE_FIELDS
+                   and k not in ("backend", "seq_len") for k in rule):
+                continue  # names nothing a point has: matches nothing
+            if "backend" not in rule and any(k not in self.axes and k not in self.derive
+                                             for k in rule):
+                continue  # an axis rule matches only axes (and derived ones) of the point
+            n = len(backends & set(rule["backend"])) if "backend" in rule else len(backends)
+            for axis, count in distinct.items():
+                n *= len(set(self.axes[axis]) & set(rule[axis])) if axis in rule else count
+            removed += n
+        return max(0, high - removed), high
 
     def backend_excluded(self, case: Case, backend: str) -> bool:
         point = case.to_dict() | {"backend": backend, "seq_len": case.seq_q}
@@ -100,10 +153,12 @@ def _derived_value(axis: str, expression: arith.Expression, point: dict) -> int:
         value = expression(env)
     except arith.ArithError as exc:
         raise ValueError(f"derive.{axis} = {expression.text!r}: {exc}") from None
-    if axis in POSITIVE_AXES and value <= 0:
+    floor = 1 if axis in POSITIVE_AXES else 0 if axis in NON_NEGATIVE_AXES else None
+    if floor is not None and value < floor:  # checked like a value written in the suite
         at = ", ".join(f"{n}={env[n]}" for n in sorted(expression.names))
+        allowed = "a positive integer" if floor else "an integer >= 0"
         raise ValueError(f"derive.{axis} = {expression.text!r} gives {value} at {at}; "
-                         f"{axis} must be a positive integer")
+                         f"{axis} must be {allowed}")
     return value
 
 
@@ -122,21 +177,34 @@ class Suite:
     sweeps: list[Sweep]
     claims: list[dict] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)  # the report's panel sets
+    text: str = ""  # the TOML it was read from: a run records it and --resume replays it
 
-    def jobs(self) -> list[tuple[Case, str]]:
-        """(case, backend) pairs in run order: every backend of a case together, sizes rising."""
+    def jobs(self, limit: int | None = None) -> list[tuple[Case, str]]:
+        """(case, backend) pairs in run order: every backend of a case together, sizes rising.
+        With ``limit``, expansion stops once there are more than ``limit`` pairs."""
         seen = set()
         jobs = []
         for sweep in self.sweeps:
-            for case in sweep.cases():
-                for backend in sweep.backends:
-                    if sweep.backend_excluded(case, backend) or (case.key, backend) in seen:
-                        continue
-                    seen.add((case.key, backend))
-                    jobs.append((case, backend))
+            try:
+                for case in sweep.iter_cases():
+                    for backend in sweep.backends:
+                        if sweep.backend_excluded(case, backend) or (case.key,
+                                                                     backend) in seen:
+                            continue
+                        seen.add((case.key, backend))
+                        jobs.append((case, backend))
+                    if limit is not None and len(jobs) > limit:
+                        return jobs
+            except ValueError as exc:  # a combination load could not check in full
+                raise BadInput(f"{self.path}: sweep {sweep.name!r}: {exc}") from None
         return jobs
 
-    def jobs_on(self, device: str) -> list[tuple[Case, str]]:
+    def pair_bounds(self, device: str) -> tuple[int, int]:
+        """(at least, at most) the pairs ``jobs_on(device)`` gives, from the axes alone."""
+        bounds = [s.pair_bounds() for s in self.sweeps if s.runs_on(device)]
+        return max((lo for lo, _ in bounds), default=0), sum(hi for _, hi in bounds)
+
+    def jobs_on(self, device: str, limit: int | None = None) -> list[tuple[Case, str]]:
         """The jobs with every case on ``device`` (what a run on it will execute): the sweeps
         whose ``devices`` include its type, e.g. a bf16 sweep for GPUs beside a smaller fp32
         one for CPUs."""
@@ -146,7 +214,7 @@ class Suite:
                            f"{', '.join(sorted({d for s in self.sweeps for d in s.devices}))}")
         kept = [dataclasses.replace(s, axes=s.axes | {"device": [device]}) for s in kept]
         return Suite(self.name, self.description, self.path, self.content_hash, self.timing,
-                     self.timeout_s, kept).jobs()
+                     self.timeout_s, kept).jobs(limit)
 
     @property
     def backends(self) -> list[str]:
@@ -184,7 +252,7 @@ class _Validator:
         self.known_backends = known_backends
 
     def fail(self, key: str, value, problem: str):
-        raise BadInput(f"{self.path}: {key} = {value!r}: {problem}")
+        raise BadInput(f"{self.path}: {key} = {shown(value)}: {problem}")
 
     def unknown_keys(self, table: dict, allowed, where: str):
         for key in table:
@@ -215,8 +283,7 @@ class _Validator:
                 self.fail(key, v, "must be an integer")
             if key in POSITIVE_AXES and v <= 0:
                 self.fail(key, v, "must be a positive integer")
-            if key in ("seed", "block_band", "block_global", "block_random",
-                       "block_stride", "additive_dim") and v < 0:
+            if key in NON_NEGATIVE_AXES and v < 0:
                 self.fail(key, v, "must be >= 0")
             return v
         if key == "dtype":
@@ -313,16 +380,21 @@ def _table(v: _Validator, raw, where: str) -> dict:
     return raw
 
 
-def load_suite(name_or_path: str, known_backends: list[str] | None = None) -> Suite:
-    path = find_suite(name_or_path)
-    raw_bytes = path.read_bytes()
+def load_suite(name_or_path: str, known_backends: list[str] | None = None,
+               text: str | None = None) -> Suite:
+    """The suite named or at a path; with ``text`` (what a run recorded), that TOML under the
+    recorded name, whatever the file holds now."""
+    path = Path(name_or_path) if text is not None else find_suite(name_or_path)
+    raw_bytes = path.read_bytes() if text is None else text.encode("utf-8")
     try:
         data = tomllib.loads(raw_bytes.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
     except RecursionError:
         raise BadInput(f"{path}: not valid TOML: nested too deeply") from None
-    return parse_suite(data, path, known_backends, hashlib.sha256(raw_bytes).hexdigest()[:16])
+    suite = parse_suite(data, path, known_backends, hashlib.sha256(raw_bytes).hexdigest()[:16])
+    suite.text = raw_bytes.decode("utf-8")
+    return suite
 
 
 def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
@@ -388,10 +460,14 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
                 d not in DEVICE_TYPES for d in devices):
             v.fail(f"{where}devices", s["devices"], f"must be a non-empty list of device "
                                                     f"types; allowed: {', '.join(DEVICE_TYPES)}")
-        sweep = Sweep(s.get("name", f"sweep{i}"), backends, axes, excludes, derive,
-                      tuple(devices))
+        sweep_name = s.get("name", f"sweep{i}")
+        if not isinstance(sweep_name, str) or not sweep_name:
+            v.fail(f"{where}name", sweep_name, "must be a non-empty string")
+        sweep = Sweep(sweep_name, backends, axes, excludes, derive, tuple(devices))
         try:
-            sweep.cases()
+            checked = sweep.checked_at_load()
+            for _ in (checked.iter_cases() if checked else ()):
+                pass
         except ValueError as exc:
             if str(exc).startswith("derive."):
                 raise BadInput(f"{path}: {where}{exc}") from None

@@ -1,0 +1,176 @@
+"""Hostile suites and command lines: each answered with one line and exit 2 (or a plan),
+before anything is expanded or run (issue 22's reproductions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnbench.cli import main
+
+BASE = """
+name = "hostile"
+backends = ["naive"]
+[timing]
+warmup_s = 0.0
+budget_s = 0.002
+min_reps = 1
+max_reps = 2
+[axes]
+heads_q = 1
+head_dim = 8
+seq_len = [16]
+"""
+
+
+def answer(capsys, tmp_path, monkeypatch, text: str, *args: str) -> tuple[int, str]:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(text)
+    code = main(["run", "--suite", "s.toml", "--no-progress", "--no-report", *args])
+    return code, capsys.readouterr().err.strip()
+
+
+def one_line(err: str) -> str:
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert len(err) < 300, err
+    return err
+
+
+@pytest.mark.parametrize("derive, message", [
+    ('batch = "max(seq_len)"', "max() takes two or more arguments"),
+    ('batch = "min(seq_len)"', "min() takes two or more arguments"),
+    ('seed = "0 - seq_len"', "seed must be an integer >= 0"),
+    ('block_band = "-1"', "block_band must be an integer >= 0"),
+])
+def test_bad_derived_values_are_refused_at_load(capsys, tmp_path, monkeypatch, derive,
+                                                message):
+    code, err = answer(capsys, tmp_path, monkeypatch, BASE + f"[derive]\n{derive}\n",
+                       "--dry-run")
+    assert code == 2 and message in one_line(err)
+
+
+@pytest.mark.parametrize("claim, message", [
+    ('metric = ["time_ms_median"]', "claim[0].metric = ['time_ms_median']: not a declared"),
+    ("metric = {a = 1}", "claim[0].metric = {'a': 1}: not a declared"),
+    ('scale = "abc"', "claim[0].scale = 'abc': must be a finite nonzero number"),
+    ("where = {seq_len = {a = 1}}", "claim[0].where.seq_len"),
+])
+def test_bad_claims_are_refused_at_load(capsys, tmp_path, monkeypatch, claim, message):
+    text = BASE + ('[[claim]]\ntext = "t"\nkind = "value"\nbackend = "naive"\n'
+                   'expected = [0.0]\n' + claim + "\n")
+    code, err = answer(capsys, tmp_path, monkeypatch, text, "--dry-run")
+    assert code == 2 and message in one_line(err)
+    assert not (tmp_path / "results").exists()
+
+
+def test_excludes_that_remove_every_case_are_refused(capsys, tmp_path, monkeypatch):
+    text = BASE + "[[exclude]]\nseq_len = 16\n"
+    for args in (["--dry-run"], []):
+        code, err = answer(capsys, tmp_path, monkeypatch, text, *args)
+        assert code == 2 and "no (case, backend) pair on cpu is left" in one_line(err)
+    assert not (tmp_path / "results").exists()
+
+
+HUGE = BASE.replace("seq_len = [16]", "seq_len = [16]\nbatch = {batch}\nseed = {seed}")
+
+
+@pytest.mark.parametrize("batch, seed", [(3200, 1024), (1000, 1000), (2000, 100)])
+def test_huge_plans_are_refused_from_their_axes(capsys, tmp_path, monkeypatch, batch, seed):
+    from attnbench.runs.suite import Suite
+
+    def expanded(*args, **kwargs):
+        raise AssertionError("a plan over the limit was expanded")
+
+    monkeypatch.setattr(Suite, "jobs", expanded)  # refused from the axes: never expanded
+    text = HUGE.format(batch=list(range(1, batch + 1)), seed=list(range(seed)))
+    code, err = answer(capsys, tmp_path, monkeypatch, text)
+    assert code == 2 and f"at least {batch * seed} pairs exceed" in one_line(err)
+    code, err = answer(capsys, tmp_path, monkeypatch, text, "--dry-run")
+    assert code == 0 and err == ""
+    assert not (tmp_path / "results").exists()
+
+
+def test_dry_run_says_a_huge_plan_would_be_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(HUGE.format(batch=list(range(1, 1001)),
+                                                 seed=list(range(1000))))
+    assert main(["run", "--suite", "s.toml", "--dry-run"]) == 0
+    assert "would be refused without --force: at least 1000000 pairs" in capsys.readouterr().out
+
+
+def test_excludes_count_in_the_bound_and_the_rest_is_expanded_up_to_the_limit(
+        capsys, tmp_path, monkeypatch):
+    # 150,000 points, an exclude removes 100,000 of them: 50,000 pairs, under the limit
+    text = HUGE.format(batch=list(range(1, 151)), seed=list(range(1000))) + (
+        f"[[exclude]]\nbatch = {list(range(1, 101))}\n")
+    from attnbench.runs.suite import load_suite
+
+    (tmp_path / "s.toml").write_text(text)
+    assert load_suite(str(tmp_path / "s.toml")).pair_bounds("cpu") == (50_000, 150_000)
+
+
+@pytest.mark.parametrize("threads", ["0", "-3", "100000"])
+def test_threads_are_bounded_by_the_cpus_this_process_may_use(capsys, tmp_path, monkeypatch,
+                                                              threads):
+    code, err = answer(capsys, tmp_path, monkeypatch, BASE, "--threads", threads, "--dry-run")
+    assert code == 2 and f"--threads {threads}: allowed: 1 to" in one_line(err)
+
+
+@pytest.mark.parametrize("size", ["1e400G", "512M", "abc"])
+def test_dry_run_checks_max_memory(capsys, tmp_path, monkeypatch, size):
+    code, err = answer(capsys, tmp_path, monkeypatch, BASE, "--max-memory", size, "--dry-run")
+    assert code == 2 and "--max-memory" in one_line(err)
+
+
+def test_resume_replays_the_suite_it_recorded(capsys, tmp_path, monkeypatch):
+    text = BASE.replace("seq_len = [16]", "seq_len = [16, 32]")
+    code, _ = answer(capsys, tmp_path, monkeypatch, text, "--run-id", "rb")
+    assert code == 0
+    run_dir = tmp_path / "results" / "rb"
+    lines = (run_dir / "records.jsonl").read_text().splitlines()
+    (run_dir / "records.jsonl").write_text(lines[0] + "\n")  # as if killed after one pair
+    (tmp_path / "s.toml").write_text(text.replace("head_dim = 8", "head_dim = 16"))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    monkeypatch.chdir(other)  # the relative --suite path no longer resolves from here
+    assert main(["run", "--resume", "rb", "--out", str(tmp_path / "results"),
+                 "--no-progress", "--no-report"]) == 0
+    records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    assert sorted(r["seq_q"] for r in records) == [16, 32]
+    assert {r["head_dim"] for r in records} == {8}  # the recorded suite, not the edited file
+
+
+def test_resume_of_a_run_without_a_recorded_suite_refuses_a_changed_file(
+        capsys, tmp_path, monkeypatch):
+    code, _ = answer(capsys, tmp_path, monkeypatch, BASE, "--run-id", "old")
+    meta_path = tmp_path / "results" / "old" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["suite_toml"]  # a run from before the suite was recorded
+    meta_path.write_text(json.dumps(meta))
+    (tmp_path / "s.toml").write_text(BASE.replace("head_dim = 8", "head_dim = 16"))
+    assert main(["run", "--resume", "old", "--no-progress", "--no-report"]) == 2
+    assert "changed since the run started" in one_line(capsys.readouterr().err)
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line(capsys, monkeypatch):
+    import attnbench.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnbench.cli, "build_parser", interrupted)
+    assert main(["run", "--dry-run"]) == 130
+    assert capsys.readouterr().err == "attnbench: interrupted\n"
+
+
+def test_the_package_loads_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnbench, attnbench.cli; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(attnbench.Case)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "attnbench.core.case.Case" in proc.stdout
