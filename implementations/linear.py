@@ -38,7 +38,7 @@ from attnbench.core.reference import RefResult, chunked_reference
 FEATURE_MAPS = ("elu", "favor")
 CHUNK = 64  # keys per chunk of the causal prefix sum
 BLOCK = 2048  # causal: query rows per block, bounds the temporaries
-STREAM = 1 << 19  # non-causal elu without autograd: elements of phi per streamed block
+STREAM = 1 << 17  # non-causal without autograd: elements of phi per streamed block (L2-sized)
 QBUDGET = 1 << 23  # non-causal: elements of phi(Q) per block of query rows
 _SEED_SALT = 0xFA7012  # random features come from another stream than the inputs
 
@@ -63,33 +63,52 @@ def favor_projection(case, device=None, dtype=torch.float64) -> torch.Tensor:
     return (w * norms).to(device=device or "cpu", dtype=dtype)
 
 
-def feature_fn(case, proj: torch.Tensor | None):
+LOG2E = 1.0 / math.log(2.0)
+
+
+def elu1(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1 as ``relu(x) + 2^(log2(e) min(x, 0))``.
+
+    exp2 costs about half of exp here and elu's expm1 about twice exp; the result is more
+    accurate than ``elu(x) + 1`` (fp32, x < 0: mean relative error 1.5e-8 against 2.2e-8,
+    largest 2.6e-7 against 4.4e-6: expm1 then + 1 rounds twice). relu's zero slope at 0
+    keeps the gradient at 0 equal to elu's (1)."""
+    return torch.exp2(x.clamp_max(0.0) * LOG2E) + F.relu(x)
+
+
+def elu1_into(x: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    """``elu1(x)`` written into ``out`` (``tmp`` of the same shape is scratch), no autograd."""
+    torch.clamp_max(x, 0.0, out=out).mul_(LOG2E).exp2_()
+    return out.add_(torch.clamp_min(x, 0.0, out=tmp))
+
+
+def scaled_projection(proj: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """W sqrt(scale) (m, D) in ``dtype``, scaled in float64 and rounded once."""
+    return (proj.to(torch.float64) * math.sqrt(scale)).to(dtype)
+
+
+def feature_fn(case, proj: torch.Tensor | None, dtype: torch.dtype | None = None):
     """phi for queries and for keys: ``(phi_q, phi_k)``, each x (..., N, D) -> (..., N, F).
 
-    For FAVOR+ the exponent is shifted by a detached maximum: per query row for queries,
-    and one per (batch, head) over all keys for keys. Both shifts cancel between numerator
-    and denominator, so the function is unchanged while exp cannot overflow.
+    FAVOR+'s ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m)`` is evaluated up to factors that
+    cancel between numerator and denominator: per query row the factor
+    ``exp(-|x'|^2 / 2 - max_i (W x')_i) / sqrt(m)`` (the row's maximum is its shift, so the
+    norm term drops out exactly), and for keys one factor per (batch, head),
+    ``exp(-max) / sqrt(m)`` with the maximum over all keys. The function computed is
+    unchanged, exp cannot overflow, and the query side needs no norm term at all.
     """
     if case.feature_map == "elu":
-
-        def elu1(x):
-            return F.elu(x).add_(1.0)
-
         return elu1, elu1
-    root = math.sqrt(case.softmax_scale)
-    inv_sqrt_m = 1.0 / math.sqrt(proj.shape[0])
-
-    def exponent(x):
-        xs = x * root
-        return torch.matmul(xs, proj.T) - 0.5 * (xs * xs).sum(dim=-1, keepdim=True)  # (.., N, m)
+    scale = case.softmax_scale
+    proj_s = scaled_projection(proj, scale, dtype or proj.dtype)  # (m, D): x' folded into W
 
     def phi_q(x):
-        a = exponent(x)
-        return torch.exp(a - a.amax(dim=-1, keepdim=True).detach()) * inv_sqrt_m
+        a = torch.matmul(x, proj_s.T)  # (..., N, m)
+        return torch.exp(a - a.amax(dim=-1, keepdim=True).detach())
 
     def phi_k(x):
-        a = exponent(x)
-        return torch.exp(a - a.amax(dim=(-2, -1), keepdim=True).detach()) * inv_sqrt_m
+        a = torch.matmul(x, proj_s.T) - (0.5 * scale) * (x * x).sum(dim=-1, keepdim=True)
+        return torch.exp(a - a.amax(dim=(-2, -1), keepdim=True).detach())  # (..., N, m)
 
     return phi_q, phi_k
 
@@ -166,47 +185,140 @@ def _global(qc, fk, vc, phi_q, G, block, inplace):
     return out  # (B, Hq, Nq, Dv)
 
 
-def _global_elu(qc, kc, vc, G, buf):
-    """Non-causal elu+1 without autograd, streamed through small reused buffers.
+def _key_state(k2, v2, proj_s, half_scale, rows, bufs):
+    """One K/V head's ``S = phi(K)^T V`` (F, Dv) and ``z = phi(K)^T 1`` (F,), no autograd.
 
-    qc (B, Hq, Nq, D), kc (B, Hkv, Nk, D), vc (B, Hkv, Nk, Dv) -> (B, Hq, Nq, Dv). Keys, then
-    queries, go in blocks of rows whose phi (about ``buf`` elements) is written into one
-    buffer per side and consumed while it is in cache; the only large allocation is the
-    output. (Fresh large tensors cost page faults on every call when the allocator unmaps
-    them, as the runner's does, which made the one-shot form about 2x slower there.)
+    k2 (Nk, D), v2 (Nk, Dv). Keys go in blocks of ``rows`` whose phi is written into
+    reused buffers and consumed while in cache. FAVOR+ (``proj_s`` given) shifts the
+    exponents by a running maximum and rescales S and z when it grows (as flash attention
+    does), so the shift is the maximum over all keys, as in ``feature_fn``, without a
+    second pass over the keys.
+    """
+    Nk = k2.shape[0]
+    fbuf, tbuf, ebuf = bufs
+    s = v2.new_zeros(fbuf.shape[1], v2.shape[1])  # (F, Dv)
+    z = v2.new_zeros(fbuf.shape[1])  # (F,)
+    top = -math.inf
+    for r0 in range(0, Nk, rows):
+        r1 = min(Nk, r0 + rows)
+        f = fbuf[:r1 - r0]  # (R, F)
+        x = k2[r0:r1]  # (R, D)
+        if proj_s is None:
+            elu1_into(x, f, tbuf[:r1 - r0])
+        else:
+            torch.mm(x, proj_s.T, out=f)  # (R, m)
+            nrm = ebuf[:r1 - r0]  # (R, 1)
+            torch.sum(x * x, dim=-1, keepdim=True, out=nrm)
+            f.sub_(nrm.mul_(half_scale))
+            m = float(f.max())
+            if m > top:
+                if top > -math.inf:
+                    rescale = math.exp(top - m)
+                    s.mul_(rescale)
+                    z.mul_(rescale)
+                top = m
+            f.sub_(top).exp_()
+        s.addmm_(f.T, v2[r0:r1])  # (F, Dv)
+        z.add_(f.sum(dim=0))
+    return s, z
+
+
+def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf):
+    """Non-causal without autograd (elu, or FAVOR+ with ``proj_s``), one head at a time.
+
+    qc (B, Hq, Nq, D), kc (B, Hkv, Nk, D), vc (B, Hkv, Nk, Dv) -> (B, Hq, Nq, Dv). Blocks of
+    rows whose phi holds about ``buf`` elements go through reused buffers while they are in
+    cache; the output of a block is written in place by one matmul with S (F x Dv, a
+    SIMD-friendly width) and divided by ``phi(Q) z`` (a matrix-vector product): no ones
+    column, no strided division. The only large allocation is the output. (Fresh large
+    tensors cost page faults on every call when the allocator unmaps them, as the
+    runner's does.)
     """
     B, Hq, Nq, D = qc.shape
     Hkv, Nk, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
-    BH, E = B * Hkv, Dv + 1
-    k3, v3 = kc.reshape(BH, Nk, D), vc.reshape(BH, Nk, Dv)  # views for contiguous inputs
-    q4 = qc.reshape(BH, G, Nq, D)
-    num = qc.new_zeros(BH, D, Dv)  # phi(K)^T V
-    rk = max(1, min(Nk, buf // max(1, BH * D)))
-    dens = qc.new_zeros(-(-Nk // rk), BH, D)  # phi(K)^T 1 of each block of keys
-    fbuf = qc.new_empty(BH, rk, D)  # phi of one block of keys
-    for i, r0 in enumerate(range(0, Nk, rk)):
-        r1 = min(Nk, r0 + rk)
-        f = fbuf if r1 - r0 == rk else fbuf[:, :r1 - r0]  # (BH, R, D)
-        torch._C._nn.elu(k3[:, r0:r1], out=f).add_(1.0)
-        num.baddbmm_(f.transpose(1, 2), v3[:, r0:r1])
-        torch.sum(f, dim=1, out=dens[i])
-    s = torch.cat([num, dens.sum(dim=0).unsqueeze(-1)], dim=-1)  # (BH, D, E): [num, den]
+    Fd = D if proj_s is None else proj_s.shape[0]
+    k3, v3 = kc.reshape(B * Hkv, Nk, D), vc.reshape(B * Hkv, Nk, Dv)
+    q3 = qc.reshape(B * Hq, Nq, D)
     out = qc.new_empty(B, Hq, Nq, Dv)
-    o4 = out.view(BH, G, Nq, Dv)
-    rq = max(1, min(Nq, buf // max(1, BH * G * D)))
-    fbuf = qc.new_empty(BH, G, rq, D)  # phi of one block of queries
-    ybuf = qc.new_empty(BH, G * rq, E)  # [numerator, denominator] of the block
-    for r0 in range(0, Nq, rq):
-        r1 = min(Nq, r0 + rq)
-        n = r1 - r0
-        f, y = (fbuf, ybuf) if n == rq else (qc.new_empty(BH, G, n, D), qc.new_empty(BH, G * n, E))
-        torch._C._nn.elu(q4[:, :, r0:r1], out=f).add_(1.0)
-        torch.bmm(f.view(BH, G * n, D), s, out=y)
-        y4 = y.view(BH, G, n, E)
-        # phi > 0, so den == 0 only where num == 0 (no keys): 0 / tiny = 0, as 0 / 1
-        d = y4[..., Dv:].clamp_(min=torch.finfo(y.dtype).tiny)
-        torch.div(y4[..., :Dv], d, out=o4[:, :, r0:r1])
+    o3 = out.view(B * Hq, Nq, Dv)
+    rows = max(1, buf // Fd)
+    fbuf, tbuf = qc.new_empty(rows, Fd), qc.new_empty(rows, Fd)  # phi of a block, scratch
+    ebuf = qc.new_empty(rows, 1)  # per-row norms (keys) or maxima (queries)
+    dbuf = qc.new_empty(rows)  # phi(Q) z of a block
+    tiny = torch.finfo(qc.dtype).tiny
+    for h in range(B * Hkv):
+        s, z = _key_state(k3[h], v3[h], proj_s, half_scale, min(rows, Nk) or 1,
+                          (fbuf, tbuf, ebuf))
+        for i in range(h * G, (h + 1) * G):
+            for r0 in range(0, Nq, rows):
+                r1 = min(Nq, r0 + rows)
+                f, x, o = fbuf[:r1 - r0], q3[i, r0:r1], o3[i, r0:r1]  # (R, F), (R, D), (R, Dv)
+                if proj_s is None:
+                    elu1_into(x, f, tbuf[:r1 - r0])
+                else:  # the row's own maximum is its shift (feature_fn)
+                    torch.mm(x, proj_s.T, out=f)
+                    f.sub_(torch.amax(f, dim=-1, keepdim=True, out=ebuf[:r1 - r0])).exp_()
+                torch.mm(f, s, out=o)  # (R, Dv) numerator
+                d = torch.mv(f, z, out=dbuf[:r1 - r0])  # (R,) denominator
+                # phi > 0, so d == 0 only where the numerator is 0 (no keys): 0 / tiny = 0
+                o.div_(d.clamp_(min=tiny).unsqueeze(1))
     return out  # (B, Hq, Nq, Dv)
+
+
+def _phi_head(x, proj_s, half_scale, out, tmp, keys: bool):
+    """phi of one head's rows x (N, D) into ``out`` (N, F), no autograd, as ``feature_fn``:
+    elu+1, or FAVOR+ shifted by the row maximum (queries) or the maximum over all keys."""
+    if proj_s is None:
+        return elu1_into(x, out, tmp)
+    torch.mm(x, proj_s.T, out=out)  # (N, m)
+    if keys:
+        out.sub_((x * x).sum(dim=-1, keepdim=True).mul_(half_scale))
+        return out.sub_(out.max()).exp_()
+    return out.sub_(out.amax(dim=-1, keepdim=True)).exp_()
+
+
+def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
+    """Causal (seq_q == seq_k, a multiple of C) without autograd, one head at a time.
+
+    Per chunk of C keys the state ``phi(K_c)^T V_c`` (F, Dv) and ``phi(K_c)^T 1``; their
+    inclusive cumulative sums, read one chunk back, are the states of all earlier chunks
+    (a slice, no shifted copy). A chunk's output is ``phi(Q_c) S_<c`` plus the masked C x C
+    product inside the chunk, written in place into the output and divided by the same
+    two terms with 1 in place of V: no ones column (V's width stays SIMD-friendly), no
+    concatenations. qc (B, Hq, N, D), kc (B, Hkv, N, D), vc (B, Hkv, N, Dv).
+    """
+    B, Hq, N, D = qc.shape
+    Hkv, Dv = kc.shape[1], vc.shape[-1]
+    Fd = D if proj_s is None else proj_s.shape[0]
+    nc = N // C
+    k3, v3 = kc.reshape(B * Hkv, N, D), vc.reshape(B * Hkv, N, Dv)
+    q3 = qc.reshape(B * Hq, N, D)
+    out = qc.new_empty(B, Hq, N, Dv)
+    o3 = out.view(B * Hq, nc, C, Dv)
+    fk, fq, tmp = (qc.new_empty(N, Fd) for _ in range(3))  # phi(K), phi(Q), scratch
+    a = qc.new_empty(nc, C, C)  # intra-chunk products
+    later = torch.ones(C, C, dtype=torch.bool, device=qc.device).triu_(1)  # key > query
+    den = qc.new_empty(nc, C)
+    tiny = torch.finfo(qc.dtype).tiny
+    for h in range(B * Hkv):
+        _phi_head(k3[h], proj_s, half_scale, fk, tmp, keys=True)
+        fkc, vch = fk.view(nc, C, Fd), v3[h].view(nc, C, Dv)
+        s = torch.bmm(fkc.transpose(1, 2), vch)  # (nc, F, Dv) per chunk
+        for c in range(1, nc):  # inclusive prefix sum; cumsum over the outer dim ran at
+            s[c].add_(s[c - 1])  # 14 ns an element here, 36% of the call
+        z = fkc.sum(dim=1).cumsum_(0).unsqueeze(-1)  # (nc, F, 1) inclusive
+        for i in range(h * G, (h + 1) * G):
+            _phi_head(q3[i], proj_s, half_scale, fq, tmp, keys=False)
+            fqc, o = fq.view(nc, C, Fd), o3[i]  # (nc, C, F), (nc, C, Dv)
+            torch.bmm(fqc, fkc.transpose(1, 2), out=a).masked_fill_(later, 0.0)
+            torch.bmm(a, vch, out=o)  # keys of the own chunk
+            torch.sum(a, dim=-1, out=den)
+            if nc > 1:  # keys of earlier chunks
+                o[1:].baddbmm_(fqc[1:], s[:-1])
+                den[1:].unsqueeze(-1).baddbmm_(fqc[1:], z[:-1])
+            # phi > 0: den == 0 only where the numerator is 0 too
+            o.div_(den.clamp_(min=tiny).unsqueeze(-1))
+    return out  # (B, Hq, N, Dv)
 
 
 def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
@@ -222,15 +334,22 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
     Hkv, Nk = k.shape[1], k.shape[2]
     G = Hq // Hkv
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    phi_q, phi_k = feature_fn(case, None if proj is None else proj.to(cdt))
+    phi_q, phi_k = feature_fn(case, proj, cdt)
+    proj_s = None if proj is None else scaled_projection(proj, case.softmax_scale, cdt)
     qc, vc = q.to(cdt), v.to(cdt)
     if not causal:
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if case.feature_map == "elu" and not grad:
-            rows = block * B * Hq * q.shape[-1] if block else STREAM
-            return _global_elu(qc, k.to(cdt), vc, G, rows).to(q.dtype)
+        if not grad:
+            feats = q.shape[-1] if proj is None else proj.shape[0]
+            rows = block * feats if block else STREAM
+            return _global_stream(qc, k.to(cdt), vc, G, proj_s, 0.5 * case.softmax_scale,
+                                  rows).to(q.dtype)
         fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
         return _global(qc, fk, vc, phi_q, G, block, not grad).to(q.dtype)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if not grad and Nq == Nk and Nk % chunk == 0:
+        return _causal_stream(qc, k.to(cdt), vc, G, proj_s, 0.5 * case.softmax_scale,
+                              chunk).to(q.dtype)
     fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
     block = block or BLOCK
     outs = []
@@ -319,8 +438,8 @@ class Linear(Backend):
         return favor_projection(case, device, dtype) if case.feature_map == "favor" else None
 
     def build(self, case, inputs):
-        cdt = torch.float64 if case.dtype == "float64" else torch.float32
-        proj = self._projection(case, inputs.q.device, cdt)
+        # float64: the scaled projection is rounded once, to the compute dtype
+        proj = self._projection(case, inputs.q.device, torch.float64)
         causal = case.mask_spec.kind == "causal"
 
         def linear(q, k, v):

@@ -172,6 +172,13 @@ def window_bias(plan: WindowPlan, dtype: torch.dtype, device, group: int = 1) ->
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
+# Scores per chunk: 2^17 fp32 scores (512 KiB) stay in a core's L2 between the two
+# matmuls and the softmax. Measured at N = 8192, window (255,0), 1 thread, as a fraction of
+# an interleaved 1024^3 matmul (thread CPU time): 2^16 0.44, 2^17 0.48, 2^18 0.47,
+# 2^19 (the former default) 0.46; 64-row blocks instead of 32 read no better (0.475) and
+# compute 11% more wasted scores.
+CHUNK_ELEMENTS = 1 << 17
+
 
 def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype of the bias, the softmax and the dK/dV sums: fp32 for fp16/bf16 inputs."""
@@ -382,7 +389,7 @@ class _WindowAttention(torch.autograd.Function):
 
 
 def sliding_window_attention(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
-                             chunk_elements: int = 1 << 19) -> torch.Tensor:
+                             chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """Blocked local attention. q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv).
 
     Work goes in chunks of query blocks of one K/V head, sized so that a chunk's scores hold

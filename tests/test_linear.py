@@ -258,3 +258,25 @@ def test_streamed_elu_path_matches_one_shot_and_allocates_only_the_output(dtype)
     assert rel(got, one_shot) < tol and rel(whole, one_shot) < tol
     if dtype == "float32":  # (bf16 converts k to fp32 first: a k-sized copy)
         assert spy.largest_numel <= inputs.q.numel() < inputs.k.numel()  # the output, not phi(K)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_streamed_causal_path_matches_the_autograd_path(feature_map):
+    """Causal without autograd (seq_q == seq_k, a multiple of the chunk) goes head by head
+    through _causal_stream: the same numbers as the chunked autograd form, GQA included."""
+    case = small(batch=2, heads_q=4, heads_kv=2, seq_q=96, seq_k=96, mask="causal",
+                 feature_map=feature_map, mode="fwd")
+    inputs = case.make_inputs()
+    proj = L.favor_projection(case) if feature_map == "favor" else None
+    proj_s = None if proj is None else L.scaled_projection(proj, case.softmax_scale,
+                                                           torch.float32)
+    with torch.no_grad():
+        streamed = L.linear_attention(inputs.q, inputs.k, inputs.v, case, proj, True, chunk=16)
+        direct = L._causal_stream(inputs.q, inputs.k, inputs.v, 2, proj_s,
+                                  0.5 * case.softmax_scale, 16)
+    q, k, v = (t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    chunked = L.linear_attention(q, k, v, case, proj, True, chunk=16).detach()
+    assert torch.equal(streamed, direct)
+    assert rel(streamed, chunked) < 1e-6
+    ref = BACKEND.impl_reference(case, inputs).out
+    assert rel(streamed, ref) < TOLERANCE_OUT["float32"]
