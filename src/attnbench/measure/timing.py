@@ -23,6 +23,11 @@ import torch
 
 from attnbench.stats.intervals import Interval, median_interval
 
+# The CPU clock every timing here reads (seconds). A module attribute, so tests replace it
+# with a fake clock that the timed closures advance: the statistics of sampling are then
+# asserted exactly, whatever the machine's speed or load.
+clock: Callable[[], float] = time.perf_counter
+
 
 @dataclass(frozen=True)
 class TimingBudget:
@@ -116,9 +121,9 @@ def stop_reason(samples: list[float], budget: TimingBudget, elapsed_s: float,
 
 
 def _warm_up(fn, budget: TimingBudget, sync=lambda: None) -> None:
-    start = time.perf_counter()
+    start = clock()
     n = 0
-    while n < budget.min_warmup or time.perf_counter() - start < budget.warmup_s:
+    while n < budget.min_warmup or clock() - start < budget.warmup_s:
         fn()
         sync()
         n += 1
@@ -148,9 +153,9 @@ class _CudaSampler:
 
 
 def _cpu_sample(fn, into: list[float]) -> None:
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
-    into.append((time.perf_counter() - t0) * 1e3)
+    into.append((clock() - t0) * 1e3)
 
 
 def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
@@ -171,7 +176,7 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     for fn in fns:
         _warm_up(fn, budget, sync)
     timings = [Timing() for _ in fns]
-    start = time.perf_counter()
+    start = clock()
     stop = ""
     if probe is not None:
         probe.read()
@@ -198,7 +203,7 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
             sampler.settle()
         if probe is not None:
             probe.maybe_read()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         reasons = [stop_reason(t.samples_ms, budget, elapsed, len(fns)) for t in timings]
         if "max_reps" in reasons:
             stop = "max_reps"
