@@ -137,7 +137,8 @@ def verdict(measured: list[intervals.Interval], expected) -> str:
 def _fmt(iv: intervals.Interval) -> str:
     if iv.low == iv.high:
         return f"{iv.estimate:.3g}"
-    conf = "" if iv.confidence >= 0.95 else f", {iv.confidence:.0%}"
+    note = intervals.coverage_note(iv.confidence)
+    conf = f", {note}" if note else ""
     paired = " paired" if iv.method.startswith("paired") else ""
     return f"{iv.estimate:.3g} [{iv.low:.3g}, {iv.high:.3g}{conf}{paired}]"
 

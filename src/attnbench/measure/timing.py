@@ -38,6 +38,9 @@ class TimingBudget:
     min_warmup: int = 1
     target_rel: float = 0.05  # stop once the median's 95% interval is within this
     noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
+    # a record whose own interval reaches farther than this from its median is flagged noisy
+    # too, whatever the probe said (the samples show the unsteadiness directly)
+    unsteady_rel: float = 0.25
     processes: int = 1  # fresh worker processes a group is timed in, samples pooled
     slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
     check_determinism: bool = False  # run the checked call twice, record bit-identity

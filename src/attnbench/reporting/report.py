@@ -85,6 +85,9 @@ class Report:
                                                self.claims[run.label])
             if verdicts:
                 out.append(verdicts + (f" ({run.label})" if len(self.runs) > 1 else ""))
+        for line in (findings.unsteady_headline(self.df), findings.coverage_headline(self.df)):
+            if line:
+                out.append(line)
         return out
 
     # ---- charts -----------------------------------------------------------------------
@@ -157,7 +160,9 @@ class Report:
         out.append(Para([f"{len(self.df)} records from {len(self.runs)} run(s) of suite(s) ",
                          Bold(suites or "?"), ". Each comparison below has its panel set per "
                          "dtype and mode; every interval is 95%, paired where both sides were "
-                         "timed in the same interleaved rounds. Points that are not ok are "
+                         "timed in the same interleaved rounds, unless its coverage is written "
+                         "next to it (fewer than 6 samples cannot reach 95%; such an interval "
+                         "is never called significant). Points that are not ok are "
                          "marked with their status at the bottom of a chart."]))
         heads = self.headlines()
         if heads:
@@ -205,11 +210,15 @@ class Report:
             n_paired = int(sp["speedup_method"].astype(str).str.startswith("paired").sum())
             n_ratio = int(sp["speedup"].notna().sum())
             out += [Heading(3, f"Speedup over {c.baseline}"),
-                    Para([f"The baseline's median time over each backend's, per size, with its "
-                          f"95% interval: from per-round ratios for {n_paired} of {n_ratio} "
-                          f"pairs timed in the same rounds, else a bootstrap of the ratio of "
-                          f"medians. '(n.s.)': the interval includes 1 (paired) or a "
-                          f"Mann-Whitney test finds no difference (p >= 0.05)."]),
+                    Para([f"The baseline's time over each backend's, per size: for the "
+                          f"{n_paired} of {n_ratio} pairs timed in the same rounds, the median "
+                          f"of the per-round ratios (baseline's sample over the backend's, "
+                          f"round by round; not the ratio of the two medians) with its "
+                          f"order-statistics interval; for the others the ratio of the medians "
+                          f"with a bootstrap interval. Intervals are 95% unless their coverage "
+                          f"is written in them. '(n.s.)': the interval includes 1 or covers "
+                          f"less than 95% (paired), or a Mann-Whitney test finds no difference "
+                          f"(p >= 0.05)."]),
                     Table(findings.speedup_table(sp, lines))]
             cross = findings.crossovers(sp, lines, c.baseline)
             if not cross.empty:

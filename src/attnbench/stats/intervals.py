@@ -24,6 +24,7 @@ import numpy as np
 from scipy import stats as sps
 
 HOLDS, DOES_NOT_HOLD, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+LEVEL = 0.95  # the coverage every interval is meant to have, and every decision claims
 WORSE, BETTER, UNCHANGED = "worse", "better", "unchanged"
 
 
@@ -54,6 +55,16 @@ class Interval:
     def contains(self, x: float) -> bool:
         """Whether ``x`` lies in the closed interval ``[low, high]``."""
         return self.low <= x <= self.high
+
+
+def short_of_level(confidence: float, level: float = LEVEL) -> bool:
+    """Whether an interval covers less than ``level`` (too few samples to reach it)."""
+    return confidence < level - 1e-9
+
+
+def coverage_note(confidence: float, level: float = LEVEL) -> str:
+    """'' for an interval at the level, else its coverage ('75%'): shown next to it."""
+    return f"{confidence:.0%}" if short_of_level(confidence, level) else ""
 
 
 def _as_samples(samples, name: str = "samples") -> np.ndarray:
@@ -166,15 +177,16 @@ def mann_whitney(a, b) -> float:
     return float(sps.mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
-def interval_verdict(interval: Interval, low: float | None, high: float | None) -> str:
+def interval_verdict(interval: Interval, low: float | None, high: float | None,
+                     level: float = LEVEL) -> str:
     """Checks the claim "the measured value lies in [low, high]" (``None``: unbounded).
 
     ``"holds"`` when the whole interval is inside the bounds, ``"does not hold"`` when it is
     wholly outside (entirely below ``low`` or entirely above ``high``), else
-    ``"inconclusive"`` -- as also for an interval with confidence 0, which carries no
-    evidence either way.
+    ``"inconclusive"`` -- as also for an interval whose coverage is below ``level`` (too few
+    samples: a 75% interval cannot carry a 95% verdict; an exact point value has coverage 1).
     """
-    if interval.confidence <= 0:
+    if short_of_level(interval.confidence, level):
         return INCONCLUSIVE
     lo_ok = low is None or interval.low >= low
     hi_ok = high is None or interval.high <= high
