@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.analysis import comparisons
-from attnbench.analysis.claims import claims_table
+from attnbench.analysis.claims import claims_table, pooled_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
 from attnbench.reporting import document, findings, guide_lines, plots, tables, time_breakdown
@@ -85,6 +85,11 @@ class Report:
                                                self.claims[run.label])
             if verdicts:
                 out.append(verdicts + (f" ({run.label})" if len(self.runs) > 1 else ""))
+        pooled = self.pooled_claims()
+        if not pooled.empty:
+            counts = pooled["verdict"].value_counts()
+            out.append(f"goals pooled over {len(self.runs)} runs: "
+                       + ", ".join(f"{n} {v}" for v, n in counts.items()))
         for line in (findings.unsteady_headline(self.df), findings.coverage_headline(self.df)):
             if line:
                 out.append(line)
@@ -200,7 +205,21 @@ class Report:
                               "'inconclusive': the interval straddles an expected bound."])]
             table = claims_table(run.records.assign(run_id=run.label), claims)
             out.append(Table(table.set_index("claim"), f"Run {run.label}"))
+        pooled = self.pooled_claims()
+        if not pooled.empty:
+            out += [Heading(3, "Pooled over runs"),
+                    Para(["Each claim measured in two or more runs, one estimate from all of "
+                          "them: a random-effects (DerSimonian-Laird) combination of the "
+                          "runs' log-ratios, which adds the spread between runs to each run's "
+                          "own error; the verdict is read from the pooled interval. Runs that "
+                          "take turns between verdicts near a bound converge here."]),
+                    Table(pooled.set_index("claim"))]
         return out
+
+    def pooled_claims(self) -> pd.DataFrame:
+        if len(self.runs) < 2:
+            return pd.DataFrame()
+        return pooled_table([(r.label, r.records, self.claims[r.label]) for r in self.runs])
 
     def _comparison(self, c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame) -> list:
         out = [Heading(2, f"Comparison {c.name}: {c.title}"), Para([c.describe()]),
