@@ -58,3 +58,36 @@ def test_on_the_bound_the_error_rate_stays_within_alpha():
 def test_a_short_stream_is_inconclusive_with_the_rounds_it_had():
     d = sequential.decide([9.0] * 5, 8.0, None, LOOKS)
     assert d.verdict == "inconclusive" and d.rounds == 5
+
+
+def _closures(clock, ms_a, ms_b):
+    """Two closures that 'take' the given milliseconds on the fake clock, in turn."""
+    calls = {"a": 0, "b": 0}
+
+    def make(name, values):
+        def fn():
+            clock.advance(values[calls[name] % len(values)] * 1e-3)
+            calls[name] += 1
+        return fn
+
+    return [make("a", ms_a), make("b", ms_b)]
+
+
+@pytest.mark.parametrize("ms_a,bound,verdict,rounds,stop", [
+    ([3.0, 3.2, 2.9], 2.0, "holds", 8, "decided"),  # 3x against >= 2: the first look decides
+    ([2.0, 2.3, 1.7], 2.0, "inconclusive", 32, "claim_budget"),  # on the bound: to the end
+])
+def test_interleaved_rounds_go_on_until_the_claim_is_decided(fake_clock, ms_a, bound, verdict,
+                                                            rounds, stop):
+    from attnbench.measure.timing import Sequential, TimingBudget, measure_interleaved
+
+    rule = Sequential(LOOKS.rounds, sequential.ratio_decider([(0, 1, bound, None)], LOOKS))
+    # without the rule, sampling would stop at 6 rounds (max_reps)
+    budget = TimingBudget(warmup_s=0.0, budget_s=0.0, min_reps=3, max_reps=6)
+    # the untimed call before each timed one (CPU) also advances the clock: every other
+    # value is timed, so the timed values cycle through the whole list
+    a, b = measure_interleaved(_closures(fake_clock, ms_a, [1.0]), "cpu", budget,
+                               sequential=rule)
+    assert a.stop == b.stop == stop and len(a.samples_ms) == rounds
+    ratios = [x / y for x, y in zip(a.samples_ms, b.samples_ms)]
+    assert sequential.decide(ratios, bound, None, LOOKS).verdict == verdict

@@ -88,6 +88,24 @@ class Timing:
         return statistics.stdev(self.samples_ms) / statistics.fmean(self.samples_ms)
 
 
+@dataclass(frozen=True)
+class Sequential:
+    """A claim's sequential rule over a group's rounds (``stats.sequential``): after each
+    round in ``looks`` (increasing round counts; the last is the claim's budget),
+    ``decided(samples)`` is asked with every closure's samples so far; rounds go on, past
+    the usual precision or budget stop, until it says yes (``stop = "decided"``) or the
+    last look is done (``"claim_budget"``). Looks are fixed in advance so the error rate
+    can be split over them."""
+
+    looks: tuple[int, ...]
+    decided: Callable[[list[list[float]]], bool]
+
+    def stop(self, rounds: int, timings: list[Timing]) -> str:
+        if rounds in self.looks and self.decided([t.samples_ms for t in timings]):
+            return "decided"
+        return "claim_budget" if rounds >= self.looks[-1] else ""
+
+
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     """A buffer twice the GPU's L2: zeroing it before a call evicts what the last one left."""
     props = torch.cuda.get_device_properties(device)
@@ -163,13 +181,15 @@ def _cpu_sample(fn, into: list[float]) -> None:
 
 def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
                         budget: TimingBudget = TimingBudget(), probe=None,
-                        warm: bool = False) -> list[Timing]:
+                        warm: bool = False, sequential: Sequential | None = None
+                        ) -> list[Timing]:
     """Time closures in interleaved rounds: round i times each once, starting with closure
     i mod n, so sample i of every closure comes from the same moment of the machine. On CPU
     each timed call follows an untimed call of the same closure (the caches as a closure
     timed alone finds them, whatever its neighbour); on a GPU L2 is flushed before each.
     All stop together: when every closure is precise enough, or the budget (``budget_s``
-    per closure) or ``max_reps`` is spent. ``probe`` (a DriftProbe) is read between rounds."""
+    per closure) or ``max_reps`` is spent; with ``sequential``, when its claim is decided or
+    its budget of rounds spent instead. ``probe`` (a DriftProbe) is read between rounds."""
     dev = torch.device(device)
     if warm:
         budget = dataclasses.replace(budget, min_warmup=0)
@@ -208,7 +228,9 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
             probe.maybe_read()
         elapsed = clock() - start
         reasons = [stop_reason(t.samples_ms, budget, elapsed, len(fns)) for t in timings]
-        if "max_reps" in reasons:
+        if sequential is not None:
+            stop = sequential.stop(rounds, timings)
+        elif "max_reps" in reasons:
             stop = "max_reps"
         elif all(r == "precision" for r in reasons):
             stop = "precision"

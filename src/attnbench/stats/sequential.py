@@ -85,4 +85,18 @@ def decide(ratios: list[float], low: float | None, high: float | None, looks: Lo
                                                         looks.per_look_confidence))
 
 
-__all__ = ["Looks", "Decision", "look", "decide", "HOLDS", "DOES_NOT_HOLD", "INCONCLUSIVE"]
+def ratio_decider(claims: list[tuple[int, int, float | None, float | None]], looks: Looks):
+    """For ``measure.timing.Sequential``: given the group's samples (one list per closure,
+    round-aligned), whether every claim (numerator index, denominator index, low, high) is
+    decided at this look."""
+    def decided(samples: list[list[float]]) -> bool:
+        for num, den, low, high in claims:
+            ratios = [a / b for a, b in zip(samples[num], samples[den])]
+            if look(ratios, low, high, looks) == INCONCLUSIVE:
+                return False
+        return True
+
+    return decided
+
+
+__all__ = ["ratio_decider", "Looks", "Decision", "look", "decide", "HOLDS", "DOES_NOT_HOLD", "INCONCLUSIVE"]
