@@ -99,4 +99,5 @@ def ratio_decider(claims: list[tuple[int, int, float | None, float | None]], loo
     return decided
 
 
-__all__ = ["ratio_decider", "Looks", "Decision", "look", "decide", "HOLDS", "DOES_NOT_HOLD", "INCONCLUSIVE"]
+__all__ = ["ratio_decider", "Looks", "Decision", "look", "decide", "HOLDS", "DOES_NOT_HOLD",
+           "INCONCLUSIVE"]
