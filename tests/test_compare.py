@@ -92,3 +92,18 @@ def test_change_verdict_answers(new_scale, expected):
         new = [9.0, 14.0, 11.0, 10.0, 13.0, 12.5]
     verdict, iv, _ = intervals.compare_samples(base, new, 0.1, lower_is_better=True)
     assert verdict == expected, iv
+
+
+def test_when_the_backends_disagree_the_probe_tells_the_machine(tmp_path, capsys):
+    """Two backends, one 3x slower: the backends alone cannot say whether the machine or
+    the code moved; the drift probe (unchanged) says the machine did not."""
+    def two(scale):
+        return [r | {"probe_gflops": 100.0} for r in _records(3, scale)
+                if r["backend"] in ("sdpa", "naive")]
+
+    base = _write(tmp_path / "base", two({}))
+    new = _write(tmp_path / "new", two({"sdpa": 3.0}))
+    assert main(["compare", base, new, "--fail-on-regression"]) == 1
+    out = capsys.readouterr().out
+    assert "the machine moved 1x" in out and "the drift probe" in out
+    assert out.count("REGRESSION sdpa") == 4 and "REGRESSION naive" not in out

@@ -63,22 +63,45 @@ class MachineMove:
         iv = self.interval
         conf = intervals.coverage_note(iv.confidence)
         return (f"the machine moved {iv.estimate:.3g}x [{iv.low:.3g}, {iv.high:.3g}"
-                f"{', ' + conf if conf else ''}] (new / base time, from {iv.n} records of "
+                f"{', ' + conf if conf else ''}] (new / base time, from {iv.n} records: "
                 f"{self.source})")
 
 
-def machine_move(joined: pd.DataFrame, metric: str) -> MachineMove | None:
-    """The machine's move between the runs, from references measured in both: the ok
-    records of backends whose code hash did not change (the same code on the same cases:
-    what changed is the machine), else the drift probe each record carries. None with fewer
-    than ``MIN_REFERENCES`` of either: the runs cannot separate machine from code."""
+def _agreeing_backends(moves: dict[str, float], tolerance: float) -> list[str]:
+    """The largest set of backends whose median moves agree within ``tolerance`` of one of
+    them, when it is a strict majority; else [] (the references disagree: half the backends
+    3x slower and half unchanged could be either a slower machine or a slower backend)."""
+    best: list[str] = []
+    for m in moves.values():
+        near = [b for b, x in moves.items() if abs(math.log(x / m)) <= math.log1p(tolerance)]
+        if len(near) > len(best):
+            best = near
+    return best if len(best) * 2 > len(moves) else []
+
+
+def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
+                 ) -> MachineMove | None:
+    """The machine's move between the runs, from references measured in both.
+
+    First the backends whose code hash did not change (the same code on the same cases:
+    what changed is the machine): each backend's median ratio, and when a strict majority
+    of those backends agree (within ``tolerance``), the median ratio over their records.
+    Else the drift probe each record carries (a fixed matmul: the machine itself). None
+    with fewer than ``MIN_REFERENCES`` records of either, or references that disagree and
+    no probe: the runs cannot separate machine from code."""
     if metric not in SAMPLED:
         return None
     both_ok = joined[(joined["status_base"] == "ok") & (joined["status_new"] == "ok")
-                     & joined["ratio"].notna()]
-    refs = [float(r["ratio"]) for _, r in both_ok.iterrows() if _code_unchanged(r)]
+                     & joined["ratio"].notna() & (joined["ratio"] > 0)]
+    refs = both_ok[[_code_unchanged(r) for _, r in both_ok.iterrows()]] \
+        if not both_ok.empty else both_ok
     if len(refs) >= MIN_REFERENCES:
-        return MachineMove(intervals.median_interval(refs), "unchanged backends")
+        moves = {b: float(g["ratio"].median()) for b, g in refs.groupby("backend")}
+        agree = _agreeing_backends(moves, tolerance)
+        ratios = refs[refs["backend"].isin(agree)]["ratio"].astype(float).tolist()
+        if len(ratios) >= MIN_REFERENCES:
+            return MachineMove(intervals.median_interval(ratios),
+                               f"{len(agree)} of {len(moves)} unchanged backends that agree")
     if {"probe_gflops_base", "probe_gflops_new"} <= set(both_ok.columns):
         p = both_ok[both_ok["probe_gflops_base"].notna() & both_ok["probe_gflops_new"].notna()]
         slow = (p["probe_gflops_base"] / p["probe_gflops_new"]).tolist()  # time: rate inverted

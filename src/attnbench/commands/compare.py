@@ -53,7 +53,8 @@ def run(args) -> int:
     if diff:
         print("environment differs: " + "; ".join(diff) + "\n")
     joined = run_diff.join_runs(base, new, args.metric)
-    move = None if args.absolute else run_diff.machine_move(joined, args.metric)
+    move = None if args.absolute else run_diff.machine_move(joined, args.metric,
+                                                           args.threshold)
     decided = run_diff.decide(joined, args.metric, args.threshold, move)
     shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
     cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio",
@@ -113,7 +114,8 @@ def _machine(move, base_meta: dict, new_meta: dict, args) -> None:
         print("machine: not separated (--absolute): raw ratios decide"
               + (f". For reference: {info}" if info else ""))
     else:
-        print(f"machine: fewer than {run_diff.MIN_REFERENCES} references measured in both "
-              f"runs (records of unchanged backend code, or drift probe readings), so a move "
-              f"of the machine cannot be told from a change of the code; raw ratios decide"
+        print(f"machine: no reference to tell it from the code (fewer than "
+              f"{run_diff.MIN_REFERENCES} records of unchanged backend code whose backends "
+              f"mostly agree, and no drift probe in both runs), so a move of the machine "
+              f"cannot be told from a change of the code; raw ratios decide"
               + (f". For reference: {info}" if info else ""))
