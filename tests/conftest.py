@@ -29,3 +29,18 @@ def write_suite(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def fake_clock(fake_backends, monkeypatch):
+    """The timer and the drifting fake backends on one FakeClock (also in worker processes
+    this test starts): sampling, rounds and drift are then exact on any machine."""
+    import fake_backends as fb
+
+    from attnbench.measure import timing
+
+    monkeypatch.setattr(timing, "clock", timing.clock)
+    monkeypatch.setattr(fb.Drift, "clock", fb.Drift.clock)
+    monkeypatch.setattr(fb.Drift, "t0", fb.Drift.t0)
+    monkeypatch.setenv("ATTNBENCH_FAKE_CLOCK", "1")
+    return fb.FakeClock().install()

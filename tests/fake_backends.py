@@ -98,29 +98,62 @@ class Refuses(Fake):
         raise NotSupported(self.name, ["library refused: head_dim must be a multiple of 8"])
 
 
+class FakeClock:
+    """A clock that moves only when told: the drifting backends advance it by exactly the
+    time their call "takes", so the timer reads exact durations on any machine, under any
+    load. ``install()`` makes it the timer's clock (``measure.timing.clock``) and Drift's."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def install(self) -> FakeClock:
+        from attnbench.measure import timing
+
+        timing.clock = self
+        Drift.clock = self
+        Drift.restart()
+        return self
+
+
 class Drift:
     """A machine that slows down over time by a known factor: ``factor()`` steps up by 0.5
     every 100 ms from ``restart()`` (or the module's import, in a fresh worker). A drifting
-    call lasts ``units`` x 2 ms x factor, by busy-waiting to a deadline."""
+    call lasts ``units`` x 2 ms x factor: on a FakeClock by advancing it that much, on the
+    real clock by busy-waiting to a deadline."""
 
     step_s = 0.1
     per_step = 0.5
     unit_ms = 2.0
+    clock = time.perf_counter
     t0 = time.perf_counter()
 
     @classmethod
     def restart(cls) -> None:
-        cls.t0 = time.perf_counter()
+        cls.t0 = cls.clock()
 
     @classmethod
     def factor(cls) -> float:
-        return 1.0 + cls.per_step * int((time.perf_counter() - cls.t0) / cls.step_s)
+        return 1.0 + cls.per_step * int((cls.clock() - cls.t0) / cls.step_s)
 
     @classmethod
     def hold(cls, units: float, start: float) -> None:
         deadline = start + units * cls.unit_ms * 1e-3 * cls.factor()
-        while time.perf_counter() < deadline:
+        if isinstance(cls.clock, FakeClock):
+            cls.clock.advance(max(0.0, deadline - cls.clock()))
+            return
+        while cls.clock() < deadline:
             pass
+
+
+# A worker process started by a test that set this variable times on a fake clock too.
+if os.environ.get("ATTNBENCH_FAKE_CLOCK"):
+    FakeClock().install()
 
 
 class Drifting(Fake):
@@ -136,7 +169,7 @@ class Drifting(Fake):
         memo = {"calls": 0}
 
         def f(q, k, v):
-            start = time.perf_counter()
+            start = Drift.clock()
             if "out" not in memo:  # computed once: later calls are pure (drifting) waiting,
                 memo["out"] = exact(q, k, v)  # with no torch threads to compete with
             memo["calls"] += 1

@@ -15,7 +15,9 @@ A suite may carry ``[[claim]]`` tables (data, like the rest of the suite):
 Each measurement carries its 95% interval (a ratio of records timed in the same
 interleaved rounds: from the per-round ratios; otherwise a bootstrap of the ratio of
 medians), and the verdict is ``holds`` (the interval inside the range), ``does not hold``
-(outside) or ``inconclusive`` (it straddles a bound). The report prints them side by side.
+(outside) or ``inconclusive`` (it straddles a bound, or covers less than 95%). The report
+prints them side by side; over several runs of one suite, ``pooled_table`` gives each claim
+one random-effects estimate beside every run's own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from attnbench.core.case import Case
 from attnbench.core.errors import BadInput, shown
 from attnbench.core.where import case_matches, where_mask
 from attnbench.core.where import values as where_values
-from attnbench.stats import intervals, ratios
+from attnbench.stats import intervals, pooling, ratios
 from attnbench.stats.fits import exponent_interval
 
 CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denominator",
@@ -163,7 +165,8 @@ def verdict(measured: list[intervals.Interval], expected) -> str:
 def _fmt(iv: intervals.Interval) -> str:
     if iv.low == iv.high:
         return f"{iv.estimate:.3g}"
-    conf = "" if iv.confidence >= 0.95 else f", {iv.confidence:.0%}"
+    note = intervals.coverage_note(iv.confidence)
+    conf = f", {note}" if note else ""
     paired = " paired" if iv.method.startswith("paired") else ""
     return f"{iv.estimate:.3g} [{iv.low:.3g}, {iv.high:.3g}{conf}{paired}]"
 
@@ -181,4 +184,45 @@ def claims_table(df: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
                      "expected": f"{exp_text} {unit}".strip(),
                      "measured (95% interval)": f"{measured} {unit}".strip() + f" ({note})",
                      "verdict": verdict(intervals, exp)})
+    return pd.DataFrame(rows)
+
+
+def pooled_table(runs: list[tuple[str, pd.DataFrame, list[dict]]]) -> pd.DataFrame:
+    """Claims measured in two or more of ``runs`` (label, records, claims), one row each:
+    every run's own interval, the random-effects pooled one (``stats.pooling``: the spread
+    between runs included) and the verdict on the pooled interval. A claim is matched across
+    runs by its text; its cases by their order (runs of one suite select the same cases)."""
+    by_text: dict[str, list[tuple[str, list[intervals.Interval]]]] = {}
+    claim_of: dict[str, dict] = {}
+    for label, df, claims in runs:
+        for c in claims:
+            measured, _ = measure_claim(df.assign(run_id=label), c)
+            if measured:
+                by_text.setdefault(c["text"], []).append((label, measured))
+                claim_of.setdefault(c["text"], c)
+    rows = []
+    for text, per_run in by_text.items():
+        if len(per_run) < 2:
+            continue
+        c = claim_of[text]
+        unit = c.get("unit", "")
+        row = {"claim": text}
+        for label, measured in per_run:
+            row[label] = ", ".join(_fmt(iv) for iv in measured)
+        counts = {len(m) for _, m in per_run}
+        if len(counts) != 1:
+            rows.append(row | {"pooled (95% interval)": "cases differ between runs",
+                               "between-run sd": "-", "verdict": "not pooled"})
+            continue
+        pooled = [pooling.random_effects([m[i] for _, m in per_run])
+                  for i in range(counts.pop())]
+        if any(p is None for p in pooled):
+            rows.append(row | {"pooled (95% interval)": "a run has no interval",
+                               "between-run sd": "-", "verdict": "not pooled"})
+            continue
+        row["pooled (95% interval)"] = (", ".join(_fmt(p.interval) for p in pooled)
+                                        + f" {unit}").strip() + f" ({len(per_run)} runs)"
+        row["between-run sd"] = ", ".join(f"{math.expm1(p.tau):.0%}" for p in pooled)
+        row["verdict"] = verdict([p.interval for p in pooled], c.get("expected"))
+        rows.append(row)
     return pd.DataFrame(rows)

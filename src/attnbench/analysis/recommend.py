@@ -32,7 +32,7 @@ import pandas as pd
 from attnbench.core.backend import EXACT
 from attnbench.core.case import Case
 from attnbench.core.errors import BadInput
-from attnbench.stats import ratios
+from attnbench.stats import intervals, ratios
 
 SHAPE_KEYS = {"b": "batch", "hq": "heads_q", "hkv": "heads_kv", "n": "n", "nq": "seq_q",
               "nk": "seq_k", "d": "head_dim", "dv": "head_dim_v", "dtype": "dtype",
@@ -280,7 +280,10 @@ def _pick_lines(pick: Pick, shape: Shape) -> list[str]:
     else:
         w = pick.ranked[0]
         low, high = w.get("time_ms_ci_low"), w.get("time_ms_ci_high")
-        iv = (f" (95% interval {low:.4g}-{high:.4g})"
+        conf = w.get("time_ci_confidence")
+        level = intervals.coverage_note(float(conf)) if conf is not None and pd.notna(conf) \
+            else ""
+        iv = (f" ({level or '95%'} interval {low:.4g}-{high:.4g})"
               if pd.notna(low) and pd.notna(high) else "")
         noisy = " ~noisy (the drift probe moved while it ran)" if w.get("noisy") is True else ""
         out.append(f"  fastest within tolerance: {w['backend']}  {w['time_ms_median']:.4g} ms"

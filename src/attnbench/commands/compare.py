@@ -16,21 +16,22 @@ def add_parser(sub) -> None:
     c.add_argument("--threshold", type=float, default=0.10,
                    help="relative change that counts as a regression (default 0.10)")
     c.add_argument("--fail-on-regression", action="store_true",
-                   help="exit 1 on a regression or a base pair missing from the new run")
+                   help="exit 1 on a regression (worse, or ok -> not ok) or a base pair "
+                        "missing from the new run")
+    c.add_argument("--fail-on-cannot-tell", action="store_true",
+                   help="exit 1 also when a pair's change cannot be told (too few samples or "
+                        "too wide an interval to say worse, better or unchanged)")
     c.add_argument("--allow-missing", action="store_true",
                    help="pairs missing from the new run do not fail the gate")
+    c.add_argument("--absolute", action="store_true",
+                   help="judge raw ratios new / base, not relative to the machine's move")
     c.set_defaults(func=run)
 
 
 def run(args) -> int:
     import pandas as pd
 
-    from attnbench.analysis.run_diff import (
-        decide,
-        environment_difference,
-        join_runs,
-        regressions,
-    )
+    from attnbench.analysis import run_diff
     from attnbench.core import metrics
     from attnbench.runs.merge import compare_sides
 
@@ -46,23 +47,34 @@ def run(args) -> int:
         raise BadInput(f"--threshold {args.threshold}: allowed: a relative change >= 0, "
                        f"e.g. 0.1")
     (base_meta, base), (new_meta, new) = compare_sides(args.base, args.new, args.runs)
-    for name, df in (("base", base), ("new", new)):
-        if args.metric not in df.columns:
-            raise BadInput(f"--metric {args.metric}: no record of the {name} run has it")
-    diff = environment_difference(base_meta, new_meta)
+    if args.metric not in base.columns and args.metric not in new.columns:
+        raise BadInput(f"--metric {args.metric}: no record of either run has it")
+    diff = run_diff.environment_difference(base_meta, new_meta)
     if diff:
         print("environment differs: " + "; ".join(diff) + "\n")
-    decided = decide(join_runs(base, new, args.metric), args.metric, args.threshold)
+    joined = run_diff.join_runs(base, new, args.metric)
+    move = None if args.absolute else run_diff.machine_move(joined, args.metric,
+                                                           args.threshold)
+    decided = run_diff.decide(joined, args.metric, args.threshold, move)
     shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
     cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio",
-            "ratio_low", "ratio_high", "p_value", "change", "code_changed"]
-    print(shown[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    bad = regressions(decided)
+            "ratio_low", "ratio_high", *(["vs_machine"] if move else []), "p_value", "change",
+            "code_changed"]
+    if not shown.empty:
+        print(shown[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print()
+    _machine(move, base_meta, new_meta, args)
+    bad = run_diff.regressions(decided)
+    counts = run_diff.change_counts(decided)
+    unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
     only_new = decided[decided["status_base"].isna()]
-    print(f"\n{len(decided)} joined records, {len(shown)} with the metric in both runs, "
-          f"{len(bad)} regression(s) ({metric.better} is better; significant at p < 0.05 "
-          f"and beyond {args.threshold:.0%})")
+    print(f"{len(decided)} joined records, {len(shown)} with the metric in both runs: "
+          + ", ".join(f"{n} {c}" for c, n in counts.items())
+          + f" ({metric.better} is better; a change needs its 95% interval to exclude 1 and "
+            f"its estimate beyond {args.threshold:.0%}, unchanged needs the interval within "
+            f"{args.threshold:.0%})")
+    print(f"{len(bad)} regression(s)")
     if len(only_base) or len(only_new):
         print(f"missing: {len(only_base)} pair(s) of the base run not in the new one, "
               f"{len(only_new)} of the new run not in the base"
@@ -72,11 +84,38 @@ def run(args) -> int:
             print(f"  MISSING {r['backend']} {r['key']}")
     if len(decided) - len(only_base) - len(only_new) == 0:
         print("nothing was compared: the runs share no (key, backend) pair")
-        return 1 if args.fail_on_regression else 0
+        return 1 if args.fail_on_regression or args.fail_on_cannot_tell else 0
     if not args.allow_missing and len(only_base):
         bad = pd.concat([bad, only_base])
     for _, r in bad.iterrows():
         code = " (backend code changed)" if r["code_changed"] else ""
         print(f"  REGRESSION {r['backend']} {r['key']}: {r['status_base']} -> "
-              f"{r['status_new']}, ratio {r['ratio']:.3g}{code}")
-    return 1 if (args.fail_on_regression and not bad.empty) else 0
+              f"{r['status_new']}{run_diff.ratio_text(r)}{code}")
+    if args.fail_on_cannot_tell:
+        for _, r in unclear.iterrows():
+            print(f"  CANNOT TELL {r['backend']} {r['key']}{run_diff.ratio_text(r)} "
+                  f"[{r['ratio_low']:.3g}, {r['ratio_high']:.3g}]")
+    failed = (args.fail_on_regression or args.fail_on_cannot_tell) and not bad.empty
+    return 1 if failed or (args.fail_on_cannot_tell and not unclear.empty) else 0
+
+
+def _machine(move, base_meta: dict, new_meta: dict, args) -> None:
+    """What the references say about the machine between the runs, and how it was used."""
+    from attnbench.analysis import run_diff
+
+    extra = run_diff.ceiling_move(base_meta, new_meta)
+    probe = run_diff.probe_move(base_meta, new_meta)
+    info = "; ".join(([probe] if probe else []) + (["matmul ceiling " + ", ".join(extra)]
+                                                   if extra else []))
+    if move is not None:
+        print(f"machine: {move.describe()}; each record is judged by its ratio over that "
+              f"move (vs_machine)" + (f". Also: {info}" if info else ""))
+    elif args.absolute:
+        print("machine: not separated (--absolute): raw ratios decide"
+              + (f". For reference: {info}" if info else ""))
+    else:
+        print(f"machine: no reference to tell it from the code (fewer than "
+              f"{run_diff.MIN_REFERENCES} records of unchanged backend code whose backends "
+              f"mostly agree, and no drift probe in both runs), so a move of the machine "
+              f"cannot be told from a change of the code; raw ratios decide"
+              + (f". For reference: {info}" if info else ""))

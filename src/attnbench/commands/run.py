@@ -215,8 +215,9 @@ def run(args) -> int:
         return 0
     df = record_files.load_results(run_dir)
     median = metrics.get("time_ms_median")
-    print(f"{median.section} ({median.shown_unit}) ±half-width of its 95% interval; "
-          f"~ = noisy, WRONG = above tolerance; columns: N")
+    print(f"{median.section} ({median.shown_unit}) ±half-width of its 95% interval (its "
+          f"coverage in brackets when fewer samples reached less); ~ = noisy, WRONG = above "
+          f"tolerance; columns: N")
     print(tables.to_text(tables.pivot(df)))
     print(f"\n{tables.status_counts(df)}")
     print(f"results: {run_dir}")

@@ -28,6 +28,9 @@ CASE_COLUMNS = tuple(f.name for f in dataclasses.fields(Case))
 IDENTITY_COLUMNS = ("run_id", "key", "backend", "status", "reason", "noisy", *CASE_COLUMNS)
 # Optional information columns (not metrics), with what they hold. Absent when not produced.
 OPTIONAL_COLUMNS = {
+    "noisy_by": "why a record is noisy: 'probe' (the drift probe moved more than "
+                "noise_threshold), 'samples' (its own interval reaches farther than "
+                "unsteady_rel from the median), or both",
     "profile_trace": "Chrome/Perfetto trace (.json.gz) of one untimed profiled call, relative "
                      "to the run directory (run --profile, attnbench profile)",
     "profile_kernels": "kernel table (CSV: name, calls, total and self ms, share of the "

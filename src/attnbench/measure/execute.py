@@ -201,6 +201,7 @@ def timing_columns(case: Case, work: float, samples: list[float], stop: str,
         "flops_dense": case.flops_dense,
         "density": case.density,
     }
+    flagged_by = []
     if probe_readings:
         cols["probe_readings"] = list(probe_readings)
         cols["probe_gflops"] = statistics.median(probe_readings)
@@ -208,6 +209,13 @@ def timing_columns(case: Case, work: float, samples: list[float], stop: str,
         if spread is not None:
             cols["probe_spread"] = spread
             cols["noisy"] = spread > budget.noise_threshold
+            if cols["noisy"]:
+                flagged_by.append("probe")
+    if len(timing.samples_ms) >= 2 and interval.half_width_rel > budget.unsteady_rel:
+        flagged_by.append("samples")
+    if flagged_by:
+        cols["noisy"] = True
+        cols["noisy_by"] = "+".join(flagged_by)
     return cols
 
 

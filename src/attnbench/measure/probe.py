@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from attnbench.measure import timing
+
 # Square matmul size per device type: ~1 ms on 2 CPU cores, ~0.1 ms on a datacenter GPU.
 PROBE_N = {"cpu": 256, "cuda": 4096}
 
@@ -28,7 +30,8 @@ class DriftProbe:
         self.flop = 2.0 * n**3
         self.interval_s = interval_s
         self.calls = calls
-        self.readings: list[tuple[float, float]] = []  # (perf_counter, GFLOP/s)
+        # (time on the timer's clock, GFLOP/s)
+        self.readings: list[tuple[float, float]] = []
         self._last = -float("inf")
 
     def _sync(self) -> None:
@@ -40,18 +43,18 @@ class DriftProbe:
         best = float("inf")
         for _ in range(self.calls):
             self._sync()
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # the real machine's speed, whatever clock times
             torch.matmul(self.a, self.b)
             self._sync()
             best = min(best, time.perf_counter() - t0)
-        now = time.perf_counter()
+        now = timing.clock()
         rate = self.flop / best / 1e9
         self.readings.append((now, rate))
         self._last = now
         return rate
 
     def maybe_read(self) -> float | None:
-        if time.perf_counter() - self._last >= self.interval_s:
+        if timing.clock() - self._last >= self.interval_s:
             return self.read()
         return None
 

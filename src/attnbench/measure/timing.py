@@ -23,6 +23,11 @@ import torch
 
 from attnbench.stats.intervals import Interval, median_interval
 
+# The CPU clock every timing here reads (seconds). A module attribute, so tests replace it
+# with a fake clock that the timed closures advance: the statistics of sampling are then
+# asserted exactly, whatever the machine's speed or load.
+clock: Callable[[], float] = time.perf_counter
+
 
 @dataclass(frozen=True)
 class TimingBudget:
@@ -33,6 +38,9 @@ class TimingBudget:
     min_warmup: int = 1
     target_rel: float = 0.05  # stop once the median's 95% interval is within this
     noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
+    # a record whose own interval reaches farther than this from its median is flagged noisy
+    # too, whatever the probe said (the samples show the unsteadiness directly)
+    unsteady_rel: float = 0.25
     processes: int = 1  # fresh worker processes a group is timed in, samples pooled
     slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
     check_determinism: bool = False  # run the checked call twice, record bit-identity
@@ -80,6 +88,24 @@ class Timing:
         return statistics.stdev(self.samples_ms) / statistics.fmean(self.samples_ms)
 
 
+@dataclass(frozen=True)
+class Sequential:
+    """A claim's sequential rule over a group's rounds (``stats.sequential``): after each
+    round in ``looks`` (increasing round counts; the last is the claim's budget),
+    ``decided(samples)`` is asked with every closure's samples so far; rounds go on, past
+    the usual precision or budget stop, until it says yes (``stop = "decided"``) or the
+    last look is done (``"claim_budget"``). Looks are fixed in advance so the error rate
+    can be split over them."""
+
+    looks: tuple[int, ...]
+    decided: Callable[[list[list[float]]], bool]
+
+    def stop(self, rounds: int, timings: list[Timing]) -> str:
+        if rounds in self.looks and self.decided([t.samples_ms for t in timings]):
+            return "decided"
+        return "claim_budget" if rounds >= self.looks[-1] else ""
+
+
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     """A buffer twice the GPU's L2: zeroing it before a call evicts what the last one left."""
     props = torch.cuda.get_device_properties(device)
@@ -116,9 +142,9 @@ def stop_reason(samples: list[float], budget: TimingBudget, elapsed_s: float,
 
 
 def _warm_up(fn, budget: TimingBudget, sync=lambda: None) -> None:
-    start = time.perf_counter()
+    start = clock()
     n = 0
-    while n < budget.min_warmup or time.perf_counter() - start < budget.warmup_s:
+    while n < budget.min_warmup or clock() - start < budget.warmup_s:
         fn()
         sync()
         n += 1
@@ -148,20 +174,22 @@ class _CudaSampler:
 
 
 def _cpu_sample(fn, into: list[float]) -> None:
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
-    into.append((time.perf_counter() - t0) * 1e3)
+    into.append((clock() - t0) * 1e3)
 
 
 def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
                         budget: TimingBudget = TimingBudget(), probe=None,
-                        warm: bool = False) -> list[Timing]:
+                        warm: bool = False, sequential: Sequential | None = None
+                        ) -> list[Timing]:
     """Time closures in interleaved rounds: round i times each once, starting with closure
     i mod n, so sample i of every closure comes from the same moment of the machine. On CPU
     each timed call follows an untimed call of the same closure (the caches as a closure
     timed alone finds them, whatever its neighbour); on a GPU L2 is flushed before each.
     All stop together: when every closure is precise enough, or the budget (``budget_s``
-    per closure) or ``max_reps`` is spent. ``probe`` (a DriftProbe) is read between rounds."""
+    per closure) or ``max_reps`` is spent; with ``sequential``, when its claim is decided or
+    its budget of rounds spent instead. ``probe`` (a DriftProbe) is read between rounds."""
     dev = torch.device(device)
     if warm:
         budget = dataclasses.replace(budget, min_warmup=0)
@@ -171,7 +199,7 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     for fn in fns:
         _warm_up(fn, budget, sync)
     timings = [Timing() for _ in fns]
-    start = time.perf_counter()
+    start = clock()
     stop = ""
     if probe is not None:
         probe.read()
@@ -198,9 +226,11 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
             sampler.settle()
         if probe is not None:
             probe.maybe_read()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         reasons = [stop_reason(t.samples_ms, budget, elapsed, len(fns)) for t in timings]
-        if "max_reps" in reasons:
+        if sequential is not None:
+            stop = sequential.stop(rounds, timings)
+        elif "max_reps" in reasons:
             stop = "max_reps"
         elif all(r == "precision" for r in reasons):
             stop = "precision"

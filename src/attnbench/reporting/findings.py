@@ -20,7 +20,7 @@ from attnbench.reporting import tables
 from attnbench.reporting.plots import n_label
 from attnbench.runs.dataset import Run
 from attnbench.stats import fits, ratios
-from attnbench.stats.intervals import Interval
+from attnbench.stats.intervals import Interval, short_of_level
 
 DASH = "-"
 
@@ -43,6 +43,7 @@ def speedups(c: Comparison, df: pd.DataFrame) -> pd.DataFrame:
             d = ratios.difference(base, other)
             row.update(speedup=d.interval.estimate, speedup_low=d.interval.low,
                        speedup_high=d.interval.high, significant=d.significant,
+                       speedup_confidence=d.interval.confidence,
                        speedup_method=d.interval.method, significance=d.describe())
         rows.append(row)
     for _, other in c.backend_records(df).iterrows():
@@ -63,13 +64,15 @@ def _ratio_cell(r) -> str:
 
 
 def _interval(r) -> Interval:
-    return Interval(r["speedup"], r["speedup_low"], r["speedup_high"], 0.95, 2,
+    conf = r.get("speedup_confidence")
+    return Interval(r["speedup"], r["speedup_low"], r["speedup_high"],
+                    0.95 if conf is None or pd.isna(conf) else float(conf), 2,
                     r.get("speedup_method", ""))
 
 
 def speedup_table(sp: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
-    """Rows: the backends' lines; columns: N; cells: speedup [95% interval], '(n.s.)' when
-    the interval includes 1, or why there is none."""
+    """Rows: the backends' lines; columns: N; cells: speedup [95% interval, its coverage
+    when below 95%], '(n.s.)' when not significant, or why there is none."""
     if sp.empty:
         return pd.DataFrame()
     names = line_groups.shown(sp, [c for c in lines if c in sp.columns])
@@ -337,6 +340,39 @@ def comparison_headline(c: Comparison, sp: pd.DataFrame) -> str | None:
         return f"{c.name}: {best['backend']} {iv} faster than {c.baseline} at {where}{sig}"
     return (f"{c.name}: {c.baseline} fastest at {where}; best of the rest {best['backend']} "
             f"{iv}{sig}")
+
+
+def coverage_headline(df: pd.DataFrame) -> str | None:
+    """How many ok records' time intervals cover less than 95% (fewer than 6 samples)."""
+    if "time_ci_confidence" not in df.columns:
+        return None
+    ok = df[(df["status"] == "ok") & df["time_ci_confidence"].notna()]
+    short = ok[ok["time_ci_confidence"].astype(float).map(short_of_level)]
+    if short.empty:
+        return None
+    low = float(short["time_ci_confidence"].min())
+    return (f"coverage: {len(short)} of {len(ok)} ok records have fewer than 6 samples, so "
+            f"their intervals cover less than 95% (down to {low:.0%}); each says its "
+            f"coverage and none is called significant")
+
+
+def unsteady_headline(df: pd.DataFrame) -> str | None:
+    """When records were flagged noisy: how many, by the probe and by their own samples."""
+    if "noisy" not in df.columns:
+        return None
+    ok = df[df["status"] == "ok"]
+    noisy = ok[ok["noisy"].astype(object).eq(True)]
+    if noisy.empty:
+        return None
+    by = noisy["noisy_by"].fillna("probe").astype(str) if "noisy_by" in noisy \
+        else pd.Series(["probe"] * len(noisy))
+    parts = [f"{int(by.str.contains(s).sum())} by {what}" for s, what in
+             (("probe", "the drift probe"), ("samples", "their own interval's width"))
+             if by.str.contains(s).any()]
+    runs = sorted(set(noisy["run_id"])) if "run_id" in noisy else []
+    where = f" (runs: {', '.join(map(str, runs))})" if len(runs) > 1 else ""
+    return (f"unsteady: {len(noisy)} of {len(ok)} ok records flagged noisy{where}: "
+            f"{'; '.join(parts)}; marked ~ in the tables")
 
 
 def claim_verdicts(df: pd.DataFrame, claims: list[dict]) -> str | None:

@@ -324,7 +324,8 @@ def speedup_chart(speedups: pd.DataFrame, title: str, path: Path, lines: list[st
     _y_axis(ax, values, f"speedup over {baseline.split(' (')[0]} (x)")
     ls.reserve(ax)
     _finish(fig, ax, path, title)
-    extra = "Filled markers: the 95% interval excludes 1 (significant); hollow: it does not."
+    extra = ("Filled markers: significant (the interval covers 95% and excludes 1); hollow: "
+             "not (it includes 1, or fewer rounds than 95% needs).")
     if goals:
         extra += " Dashed: " + "; ".join(g["text"] for g in goals) + "."
     chart.alt = _alt(f"Speedup over {baseline} against sequence length, with 95% intervals",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.analysis import comparisons
-from attnbench.analysis.claims import claims_table
+from attnbench.analysis.claims import claims_table, pooled_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
 from attnbench.reporting import (
@@ -95,6 +95,14 @@ class Report:
                                                self.claims[run.label])
             if verdicts:
                 out.append(verdicts + (f" ({run.label})" if len(self.runs) > 1 else ""))
+        pooled = self.pooled_claims()
+        if not pooled.empty:
+            counts = pooled["verdict"].value_counts()
+            out.append(f"goals pooled over {len(self.runs)} runs: "
+                       + ", ".join(f"{n} {v}" for v, n in counts.items()))
+        for line in (findings.unsteady_headline(self.df), findings.coverage_headline(self.df)):
+            if line:
+                out.append(line)
         return out + inputs_error.headlines(self.df)
 
     # ---- charts -----------------------------------------------------------------------
@@ -168,7 +176,9 @@ class Report:
         out.append(Para([f"{len(self.df)} records from {len(self.runs)} run(s) of suite(s) ",
                          Bold(suites or "?"), ". Each comparison below has its panel set per "
                          "dtype and mode; every interval is 95%, paired where both sides were "
-                         "timed in the same interleaved rounds. Points that are not ok are "
+                         "timed in the same interleaved rounds, unless its coverage is written "
+                         "next to it (fewer than 6 samples cannot reach 95%; such an interval "
+                         "is never called significant). Points that are not ok are "
                          "marked with their status at the bottom of a chart."]))
         heads = self.headlines()
         if heads:
@@ -207,7 +217,21 @@ class Report:
                               "'inconclusive': the interval straddles an expected bound."])]
             table = claims_table(run.records.assign(run_id=run.label), claims)
             out.append(Table(table.set_index("claim"), f"Run {run.label}"))
+        pooled = self.pooled_claims()
+        if not pooled.empty:
+            out += [Heading(3, "Pooled over runs"),
+                    Para(["Each claim measured in two or more runs, one estimate from all of "
+                          "them: a random-effects (DerSimonian-Laird) combination of the "
+                          "runs' log-ratios, which adds the spread between runs to each run's "
+                          "own error; the verdict is read from the pooled interval. Runs that "
+                          "take turns between verdicts near a bound converge here."]),
+                    Table(pooled.set_index("claim"))]
         return out
+
+    def pooled_claims(self) -> pd.DataFrame:
+        if len(self.runs) < 2:
+            return pd.DataFrame()
+        return pooled_table([(r.label, r.records, self.claims[r.label]) for r in self.runs])
 
     def _comparison(self, c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame) -> list:
         out = [Heading(2, f"Comparison {c.name}: {c.title}"), Para([c.describe()]),
@@ -217,11 +241,15 @@ class Report:
             n_paired = int(sp["speedup_method"].astype(str).str.startswith("paired").sum())
             n_ratio = int(sp["speedup"].notna().sum())
             out += [Heading(3, f"Speedup over {c.baseline}"),
-                    Para([f"The baseline's median time over each backend's, per size, with its "
-                          f"95% interval: from per-round ratios for {n_paired} of {n_ratio} "
-                          f"pairs timed in the same rounds, else a bootstrap of the ratio of "
-                          f"medians. '(n.s.)': the interval includes 1 (paired) or a "
-                          f"Mann-Whitney test finds no difference (p >= 0.05)."]),
+                    Para([f"The baseline's time over each backend's, per size: for the "
+                          f"{n_paired} of {n_ratio} pairs timed in the same rounds, the median "
+                          f"of the per-round ratios (baseline's sample over the backend's, "
+                          f"round by round; not the ratio of the two medians) with its "
+                          f"order-statistics interval; for the others the ratio of the medians "
+                          f"with a bootstrap interval. Intervals are 95% unless their coverage "
+                          f"is written in them. '(n.s.)': the interval includes 1 or covers "
+                          f"less than 95% (paired), or a Mann-Whitney test finds no difference "
+                          f"(p >= 0.05)."]),
                     Table(findings.speedup_table(sp, lines))]
             cross = findings.crossovers(sp, lines, c.baseline)
             if not cross.empty:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from attnbench.core import metrics
 from attnbench.core.record import CASE_COLUMNS
+from attnbench.stats.intervals import coverage_note
 
 STATUS_SHORT = {"unavailable": "n/a", "unsupported": "unsup", "skipped": "skip"}
 ALWAYS = ["dtype", "mask", "mode", "backend"]
@@ -78,6 +79,9 @@ def _format(row, value_col: str) -> str:
     if value_col == "time_ms_median" and text and pd.notna(row.get("time_ms_ci_high")):
         half = max(row["time_ms_ci_high"] - value, value - row["time_ms_ci_low"]) / value
         text += f" ±{half:.0%}"
+        conf = row.get("time_ci_confidence")
+        note = coverage_note(float(conf)) if conf is not None and pd.notna(conf) else ""
+        text += f" ({note})" if note else ""
     return text
 
 

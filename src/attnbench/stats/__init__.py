@@ -1,4 +1,5 @@
-"""Statistics on timing samples: medians and their intervals, ratios, power-law fits.
+"""Statistics on timing samples: medians and their intervals, ratios, power-law fits, the
+sequential rule for claims, and pooling over runs.
 
 Bottom layer: pure numbers; imports nothing else of attnbench.
 """

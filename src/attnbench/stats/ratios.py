@@ -72,13 +72,16 @@ class Difference:
 
 def difference(a: Mapping, b: Mapping, metric: str = SAMPLED, alpha: float = ALPHA
                ) -> Difference:
-    """Paired records differ when the interval of their per-round ratios excludes 1; others
+    """Paired records differ when the 95% interval of their per-round ratios (6 or more
+    rounds) excludes 1; others
     when a Mann-Whitney U test rejects equality (p < alpha)."""
     iv = ratio_interval(a, b, metric)
     if iv.method == "point":
         return Difference(iv, False, None)
     if iv.method.startswith("paired"):
-        return Difference(iv, iv.confidence > 0 and not iv.contains(1.0), None)
+        # an interval short of 95% (fewer than 6 rounds) is never called significant
+        return Difference(iv, not intervals.short_of_level(iv.confidence)
+                          and not iv.contains(1.0), None)
     p = intervals.mann_whitney(samples(a.get("samples_ms")), samples(b.get("samples_ms")))
     return Difference(iv, p < alpha, p)
 
@@ -103,8 +106,10 @@ def joined_ratio_interval(row: Mapping, metric: str = SAMPLED) -> intervals.Inte
 
 
 def format_ratio(iv: intervals.Interval, unit: str = "x") -> str:
-    """'8.31x [7.92, 8.80]' (the interval only when there is one)."""
+    """'8.31x [7.92, 8.80]', '3.05x [3.05, 3.47, 75%]' (the interval only when there is
+    one, its coverage when it is below 95%)."""
     if iv.low == iv.high or not all(map(math.isfinite, (iv.low, iv.high))):
         return f"{iv.estimate:.3g}{unit}"
-    conf = "" if iv.confidence >= 0.95 else f", {iv.confidence:.0%}"
+    note = intervals.coverage_note(iv.confidence)
+    conf = f", {note}" if note else ""
     return f"{iv.estimate:.3g}{unit} [{iv.low:.3g}, {iv.high:.3g}{conf}]"

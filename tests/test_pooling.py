@@ -1,0 +1,72 @@
+"""Pooled verdicts over runs: DerSimonian-Laird on per-run log-ratios, on injected
+intervals and injected samples (no timing measured)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnbench.analysis.claims import pooled_table
+from attnbench.stats import pooling
+from attnbench.stats.intervals import Interval, paired_ratio_interval
+
+
+def _iv(est, low, high, conf=0.95):
+    return Interval(est, low, high, conf, 12, "paired-order-statistics")
+
+
+def test_agreeing_runs_pool_to_a_tighter_interval_with_no_spread():
+    one = _iv(8.3, 7.6, 9.1)
+    pooled = pooling.random_effects([one, one, one])
+    assert pooled.tau == 0 and pooled.runs == 3
+    assert pooled.interval.estimate == pytest.approx(8.3)
+    # three runs' worth of evidence: narrower than one run's
+    assert pooled.interval.high - pooled.interval.low < one.high - one.low
+
+
+def test_disagreeing_runs_add_their_spread():
+    runs = [_iv(6.0, 5.8, 6.2), _iv(8.0, 7.8, 8.2), _iv(10.0, 9.7, 10.3)]
+    pooled = pooling.random_effects(runs)
+    assert pooled.tau > 0.15  # log-ratios differ by ~0.25 while each run's se is ~0.02
+    fixed_se = math.sqrt(1 / sum(1 / pooling.log_se(r) ** 2 for r in runs))
+    assert math.log(pooled.interval.high / pooled.interval.low) / 2 > 5 * fixed_se
+    assert pooled.interval.contains(8.0)
+
+
+def test_a_run_without_interval_is_left_out():
+    assert pooling.random_effects([_iv(8.0, 8.0, 8.0, 1.0), _iv(8.0, 7.0, 9.0)]) is None
+
+
+def _run(label: str, scale: float, rng) -> pd.DataFrame:
+    """A sliding-window-like pair timed in 12 paired rounds, true ratio ``scale``."""
+    slow = list(8.0 * rng.lognormal(0, 0.12, 12))
+    fast = [s / (scale * float(rng.lognormal(0, 0.12))) for s in slow]
+    base = {"run_id": label, "key": "k", "status": "ok", "seq_q": 8192, "seq_k": 8192,
+            "pair_group": "g"}
+    return pd.DataFrame([base | {"backend": "sdpa", "samples_ms": slow,
+                                 "time_ms_median": float(np.median(slow))},
+                         base | {"backend": "sliding_window", "samples_ms": fast,
+                                 "time_ms_median": float(np.median(fast))}])
+
+
+def test_pooled_claim_beside_each_runs_own():
+    claim = {"text": "window >= 8x", "kind": "ratio", "numerator": "sdpa",
+             "denominator": "sliding_window", "where": {}, "expected": [8.0]}
+    rng = np.random.default_rng(4)
+    runs = [(f"r{i}", _run(f"r{i}", 8.6, rng), [claim]) for i in range(3)]
+    table = pooled_table(runs).set_index("claim")
+    row = table.loc["window >= 8x"]
+    assert {"r0", "r1", "r2"} <= set(table.columns)
+    own = [paired_ratio_interval(d[d.backend == "sdpa"].samples_ms.iloc[0],
+                                 d[d.backend == "sliding_window"].samples_ms.iloc[0])
+           for _, d, _ in runs]
+    pooled = pooling.random_effects(own).interval
+    assert f"{pooled.estimate:.3g} [{pooled.low:.3g}, {pooled.high:.3g}" in \
+        row["pooled (95% interval)"]
+    assert row["verdict"] == ("holds" if pooled.low >= 8 else
+                              "does not hold" if pooled.high < 8 else "inconclusive")
+    # one run alone is not pooled
+    assert pooled_table(runs[:1]).empty
