@@ -131,11 +131,16 @@ def run(args) -> int:
     if args.resume and args.run_id and args.run_id != args.resume:
         raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
                        f"one of them (--resume names the run)")
+    if args.run_id or args.resume:  # refused before any work, --dry-run as the real run
+        from attnbench.runs.run_folder import check_name
+        check_name(args.run_id or args.resume, "--run-id" if args.run_id else "--resume")
     inv = _replay(args) if args.resume else _invocation(args)
     suite, device, jobs = select(inv["suite"], inv["backends"], inv["dtype"], inv["seq_len"],
                                  inv["device"])
     if inv.get("check_determinism"):
         suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
+    for note in suite.notes:
+        print(f"note: {note}")
     plan = make_plan(suite, jobs, device)
     if args.dry_run:
         print(f"plan: {plan.summary()}")
