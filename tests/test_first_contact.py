@@ -48,3 +48,83 @@ def test_dry_run_refuses_a_bad_run_id_like_the_real_run(tmp_path, capsys):
     from attnbench.cli import main
     assert main(["run", "--dry-run", "--run-id", "../x", "--out", str(tmp_path)]) == 2
     assert "--run-id '../x'" in capsys.readouterr().err
+
+
+def _records(rows):
+    import pandas as pd
+    base = {"run_id": "r", "status": "ok", "dtype": "float32", "mode": "fwd", "seq_k": 1024,
+            "feature_map": "elu", "block_random": 2, "additive_dim": 0}
+    return pd.DataFrame([base | r | {"seq_k": r["seq_q"]} for r in rows])
+
+
+def test_inferred_comparison_pairs_only_records_of_the_same_case():
+    from attnbench.analysis.comparisons import infer
+    df = _records([
+        {"backend": "sliding_window", "key": "win-1k", "mask": "window(255,0)", "seq_q": 1024},
+        {"backend": "sdpa", "key": "win-1k", "mask": "window(255,0)", "seq_q": 1024},
+        {"backend": "sdpa", "key": "dense-1k", "mask": "none", "seq_q": 1024},
+        {"backend": "sliding_window", "key": "causal-1k", "mask": "causal", "seq_q": 1024,
+         "status": "unsupported"},
+    ])
+    paired, *alone = infer(df)
+    assert {paired.baseline, *paired.backends} == {"sdpa", "sliding_window"}
+    assert set(paired.records(df)["key"]) == {"win-1k"}
+    assert len(paired.pairs(df)) == 1
+    assert {c.name for c in alone} == {"sdpa", "sliding_window"}
+    assert all(c.baseline is None for c in alone)
+
+
+def test_lines_are_named_only_by_knobs_their_backends_read():
+    from attnbench.reporting import lines
+    df = _records([
+        {"backend": "sdpa", "key": "a", "mask": "none", "seq_q": 1024, "block_random": 6},
+        {"backend": "linear", "key": "b", "mask": "none", "seq_q": 1024,
+         "feature_map": "favor"},
+        {"backend": "linear", "key": "c", "mask": "none", "seq_q": 1024},
+    ])
+    names = ["backend", "feature_map", "block_random", "additive_dim"]
+    assert lines.shown(df, names) == ["backend", "feature_map"]
+    # a knob nobody reads still names lines that could not be told apart without it
+    two_sdpa = _records([
+        {"backend": "sdpa", "key": "a", "mask": "none", "seq_q": 1024, "block_random": 6},
+        {"backend": "sdpa", "key": "b", "mask": "none", "seq_q": 1024},
+    ])
+    assert lines.shown(two_sdpa, names) == ["backend", "block_random"]
+
+
+@pytest.mark.parametrize("chart", ["time", "speedup"])
+def test_charts_of_status_marks_only_never_read_negative(tmp_path, chart):
+    import matplotlib.pyplot as plt
+
+    from attnbench.reporting import plots
+    df = _records([{"backend": "sliding_window", "key": f"k{n}", "mask": "causal",
+                    "seq_q": n, "status": "unsupported"} for n in (1024, 2048)])
+    seen = []
+    original = plots._finish
+
+    def keep_limits(fig, ax, path, title):
+        seen.append(np.ravel(ax)[0].get_ylim())
+        original(fig, ax, path, title)
+
+    import numpy as np
+    plots._finish = keep_limits
+    try:
+        if chart == "time":
+            plots.time_chart(df, "t", tmp_path / "t.png", ["backend", "mask"])
+        else:
+            sp = df.assign(speedup=None, speedup_low=None, speedup_high=None,
+                           significant=False, baseline_status="ok")
+            plots.speedup_chart(sp, "s", tmp_path / "s.png", ["backend", "mask"], "sdpa")
+    finally:
+        plots._finish = original
+        plt.close("all")
+    assert seen and seen[0][0] >= 0, seen
+
+
+def test_two_masks_of_one_backend_get_two_colours():
+    from attnbench.reporting.plots import Palette
+    p = Palette()
+    window = p.of({"backend": "naive", "mask": "window(255,0)"})["color"]
+    causal = p.of({"backend": "naive", "mask": "causal"})["color"]
+    assert window != causal
+    assert p.color("naive") == window
