@@ -210,7 +210,10 @@ def infer(df: pd.DataFrame, suite: str = "") -> list[Comparison]:
         baseline = max(order, key=lambda b: (len(partners[b]), count[b], -order.index(b)))
         others = tuple(b for b in order if b in partners[baseline])
         if not others:  # nothing shared any more: each backend on its own
-            out += [Comparison(b, None, (b,), suite=suite, declared=False) for b in order]
+            for b in order:
+                mine = remaining[remaining["backend"] == b]
+                out.append(Comparison(b, None, (b,), suite=suite, declared=False,
+                                      problems=frozenset(zip(mine["run_id"], mine["key"]))))
             break
         shared = frozenset(p for p, backends in problems.items()
                            if baseline in backends and len(backends) > 1)
