@@ -178,3 +178,34 @@ def test_list_shows_capabilities_and_survives_a_closed_pipe():
     piped = subprocess.run(f"{sys.executable} -m attnbench list --json | head -1",
                            shell=True, capture_output=True, text=True)
     assert piped.stdout == "[\n" and "Traceback" not in piped.stderr, piped.stderr
+
+
+def _earlier_run(results, suite, jobs, seconds, ms=1.0):
+    import dataclasses
+    import json
+
+    from attnbench.core.record import Record
+    run = results / "2026-01-01-earlier"
+    run.mkdir(parents=True)
+    meta = {"suite": suite.name, "started": "2026-01-01T00:00:00+00:00",
+            "ended": f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}+00:00",
+            "timing": dataclasses.asdict(suite.timing), "invocation": {"device": "cpu"},
+            "ceilings": {"matmul_tflops": {"float32": 0.25}}}
+    (run / "meta.json").write_text(json.dumps(meta))
+    with open(run / "records.jsonl", "w") as fh:
+        for case, backend in jobs:
+            row = Record.new(case, backend, "ok", time_ms_median=ms, flops=case.flops).to_row()
+            fh.write(json.dumps(row | {"run_id": run.name, "suite": suite.name}) + "\n")
+    return run
+
+
+def test_dry_run_estimate_comes_from_an_earlier_run_of_the_suite(tmp_path):
+    from attnbench.runs.plan import make_plan
+    suite, device, jobs = select("quick", device="cpu")
+    _earlier_run(tmp_path, suite, jobs, seconds=100)
+    plan = make_plan(suite, jobs, device, history=tmp_path)
+    assert plan.estimate_s == pytest.approx(100, rel=0.01)  # the same pairs: its own time
+    assert "from run 2026-01-01-earlier: 1.7 min measured" in plan.summary()
+    half = [j for j in jobs if j[1] == "naive"]
+    assert make_plan(suite, half, device, history=tmp_path).estimate_s == \
+        pytest.approx(50, rel=0.05)

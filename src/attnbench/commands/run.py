@@ -141,7 +141,8 @@ def run(args) -> int:
         suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
     for note in suite.notes:
         print(f"note: {note}")
-    plan = make_plan(suite, jobs, device)
+    plan = make_plan(suite, jobs, device, history=Path(args.out) if args.dry_run else None,
+                     measure=args.dry_run)  # the estimate only where it is printed
     if args.dry_run:
         print(f"plan: {plan.summary()}")
         for problem in plan.problems():
