@@ -209,3 +209,49 @@ def test_dry_run_estimate_comes_from_an_earlier_run_of_the_suite(tmp_path):
     half = [j for j in jobs if j[1] == "naive"]
     assert make_plan(suite, half, device, history=tmp_path).estimate_s == \
         pytest.approx(50, rel=0.05)
+
+
+def _benchmarks_module(name):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_rounds_come_from_warmed_calls():
+    from attnbench.measure.timing import TimingBudget
+    rounds = _benchmarks_module("test_attention")._rounds
+    now = [0.0]
+    costs = iter([0.5] + [0.001] * 1000)  # a cold first call 500x the warm ones
+
+    def clock():
+        return now[0]
+
+    def fn():
+        now[0] += next(costs)
+
+    timing = TimingBudget(warmup_s=0.01, budget_s=0.03, min_reps=3, max_reps=100)
+    assert rounds(fn, lambda: None, timing, clock) in (29, 30)  # 0.03 s / 1 ms, not 3
+
+
+def test_benchmark_gate_decides_on_noise_as_compare_does(tmp_path):
+    import json
+    import random
+    gate_mod = _benchmarks_module("gate")
+    rng = random.Random(0)
+
+    def write(name, scale, noise):
+        rounds = [scale * 1e-3 * (1 + noise * rng.random()) for _ in range(20)]
+        (tmp_path / name).write_text(json.dumps({"benchmarks": [
+            {"fullname": "bench[a]", "stats": {"data": rounds}}]}))
+        return str(tmp_path / name)
+
+    base = write("base.json", 1.0, 0.4)
+    # an unchanged tree on a shared machine: medians a few % apart, the same spread
+    assert gate_mod.main([base, write("same.json", 1.04, 0.4)]) == 0
+    assert gate_mod.main([base, write("slow.json", 1.6, 0.4)]) == 1  # a real regression
+    (tmp_path / "bad.json").write_text("{}")
+    assert gate_mod.main([base, str(tmp_path / "bad.json")]) == 2
