@@ -255,3 +255,12 @@ def test_benchmark_gate_decides_on_noise_as_compare_does(tmp_path):
     assert gate_mod.main([base, write("slow.json", 1.6, 0.4)]) == 1  # a real regression
     (tmp_path / "bad.json").write_text("{}")
     assert gate_mod.main([base, str(tmp_path / "bad.json")]) == 2
+
+
+def test_bf16_left_out_where_aten_runs_without_native_bf16():
+    from attnbench.runs.runner import slow_dtypes
+    fast = {"matmul_tflops": {"float32": 0.25, "bfloat16": 0.5}}  # oneDNN's AVX-512 bf16
+    assert slow_dtypes(fast, 4.0, "avx512") == {}
+    left = slow_dtypes(fast, 4.0, "avx2")  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host
+    assert list(left) == ["bfloat16"] and "pack_vnni2" in left["bfloat16"]
+    assert slow_dtypes(fast, 0.0, "avx2") == {}  # a suite that opts out keeps it
