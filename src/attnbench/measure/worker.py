@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import resource
 import signal
 import sys
@@ -50,6 +51,10 @@ def setup_process(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
     configure_allocator()
+
+
+# Triton's bindings at interpreter exit: not a worker's last words worth quoting
+NANOBIND_NOISE = re.compile(r"^(nanobind: |- leaked |See https://nanobind)")
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,12 @@ def _worker_main(conn, config: WorkerConfig) -> None:
         _serve(conn, config.threads, config.profile_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
         pass  # the parent reports the interruption
+    # Done: leave without the interpreter's teardown, where Triton's nanobind bindings print
+    # "nanobind: leaked N instances!" blocks into worker.log on every exit. Nothing is left
+    # to tear down: every record went over the pipe, and the output is flushed here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
@@ -189,7 +200,8 @@ class IsolatedExecutor:
         with open(log, "rb") as fh:
             fh.seek(self.log_offset)
             text = fh.read()[-4096:].decode("utf-8", "replace")
-        tail = [x.strip() for x in text.splitlines() if x.strip()][-lines:]
+        tail = [x.strip() for x in text.splitlines() if x.strip()
+                and not NANOBIND_NOISE.match(x.strip())][-lines:]
         return " | ".join(tail)
 
     def _stop(self, kill: bool = False) -> None:

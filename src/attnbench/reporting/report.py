@@ -157,7 +157,9 @@ class Report:
         out.append(Para([f"{len(self.df)} records from {len(self.runs)} run(s) of suite(s) ",
                          Bold(suites or "?"), ". Each comparison below has its panel set per "
                          "dtype and mode; every interval is 95%, paired where both sides were "
-                         "timed in the same interleaved rounds. Points that are not ok are "
+                         "timed in the same interleaved rounds; an interval with a third "
+                         "number, as in [3.47, 4.47, 75%], reaches only that confidence (too "
+                         "few samples for 95%). Points that are not ok are "
                          "marked with their status at the bottom of a chart."]))
         heads = self.headlines()
         if heads:
@@ -271,7 +273,7 @@ class Report:
                 d = df[df["semantics"] == "approximate"]
                 if d.empty:
                     continue
-            out += [Heading(3, f"{m.section} ({m.shown_unit})"), Para([f"{m.how}."]),
+            out += [Heading(3, m.heading), Para([f"{m.how}."]),
                     Table(tables.pivot(d, m.name, lines))]
         return out
 
