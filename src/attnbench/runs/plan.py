@@ -8,6 +8,7 @@ such as ``--seq-len 1000000000`` never starts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from dataclasses import dataclass
 from datetime import datetime
@@ -222,9 +223,11 @@ def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
                      f"({rate / 1e9:.0f} GFLOP/s); a first run can take 2x longer")
 
 
+@functools.cache
 def _matmul_rate(device: str) -> float:
+    """fp32 matmul FLOP/s now, measured once per process (one size on CPU: 1024^3)."""
     from attnbench.measure.ceilings import matmul_tflops
-    return matmul_tflops("float32", device) * 1e12
+    return matmul_tflops("float32", device, 1024 if device.startswith("cpu") else None) * 1e12
 
 
 def check_plan(plan: Plan, force: bool) -> None:
