@@ -264,3 +264,23 @@ def test_bf16_left_out_where_aten_runs_without_native_bf16():
     left = slow_dtypes(fast, 4.0, "avx2")  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host
     assert list(left) == ["bfloat16"] and "pack_vnni2" in left["bfloat16"]
     assert slow_dtypes(fast, 0.0, "avx2") == {}  # a suite that opts out keeps it
+
+
+def test_headings_state_their_unit_once():
+    from attnbench.core import metrics
+    assert metrics.get("tflops").heading == \
+        "Throughput (TFLOP/s of the work each backend performs)"
+    assert metrics.get("time_ms_median").heading == "Median time (ms)"
+
+
+def test_a_multi_run_headline_names_its_run():
+    import pandas as pd
+
+    from attnbench.analysis.comparisons import Comparison
+    from attnbench.reporting.findings import comparison_headline
+    sp = pd.DataFrame([{"run_id": run, "backend": "fast", "seq_q": 1024, "seq_k": 1024,
+                        "dtype": "float32", "mode": "fwd", "speedup": s, "speedup_low": s - .1,
+                        "speedup_high": s + .1, "significant": True, "significance": ""}
+                       for run, s in (("run-a", 2.0), ("run-b", 3.0))])
+    line = comparison_headline(Comparison("c", "base", ("fast",)), sp)
+    assert "run run-b" in line, line
