@@ -130,6 +130,7 @@ def test_two_masks_of_one_backend_get_two_colours():
     assert p.color("naive") == window
 
 
+@pytest.mark.slow
 def test_publish_lists_only_tracked_or_marked_runs_and_leaves_git_clean(tmp_path):
     import shutil
     import subprocess

@@ -428,6 +428,7 @@ unit = "x"
 """
 
 
+@pytest.mark.slow
 def test_gpu_check_rehearsal_leaves_four_files_that_hold_the_whole_check(tmp_path):
     """The GPU check's plumbing end to end on the CPU (GPU_CHECK_REHEARSAL): the shim
     package, the three steps, the summary of the suite's claims, the report and the packing
