@@ -21,7 +21,8 @@ SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 def add_parser(sub) -> None:
     r = sub.add_parser("run", help="run a suite and record results")
     r.add_argument("--suite", help="suite name (in suites/) or path to a .toml (default: quick)")
-    r.add_argument("--backends", help="comma-separated backends, replacing the suite's")
+    r.add_argument("--backends", help="comma-separated backends: each sweep keeps those it "
+                   "lists; one no sweep lists runs on the cases it supports")
     r.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     r.add_argument("--dtype", help="comma-separated dtypes, replacing the suite's")
     r.add_argument("--seq-len", help="comma-separated sequence lengths, replacing the suite's")
