@@ -30,7 +30,8 @@ def pytest_addoption(parser):
     group.addoption("--attnbench-suite", default="quick",
                     help="suite name (in suites/) or path to a .toml (default: quick)")
     group.addoption("--attnbench-backends", default=None,
-                    help="comma-separated backends, replacing the suite's (as run --backends)")
+                    help="comma-separated backends, each sweep keeping those it lists "
+                         "(as run --backends)")
     group.addoption("--attnbench-dtype", default=None,
                     help="comma-separated dtypes, replacing the suite's (as run --dtype)")
     group.addoption("--attnbench-seq-len", default=None,

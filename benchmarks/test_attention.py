@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -11,13 +12,24 @@ from attnbench.measure.execute import Candidate, open_job
 from attnbench.measure.timing import l2_flush_buffer
 
 
-def _rounds(fn, sync, timing) -> int:
-    """Rounds from the suite's budget: ``budget_s`` of calls, within [min_reps, max_reps]."""
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    once = max(time.perf_counter() - t0, 1e-6)
-    return max(timing.min_reps, min(timing.max_reps, int(timing.budget_s / once)))
+def _rounds(fn, sync, timing, clock=time.perf_counter) -> int:
+    """Rounds from the suite's budget: ``budget_s`` of calls, within [min_reps, max_reps],
+    sized from warmed calls. A first call pays lazy initialisation (allocator, kernel
+    selection, thread-pool start) and can read 10x slow, which would leave a benchmark with
+    the minimum rounds: calls run until ``warmup_s`` has passed (at least two), then the
+    median of three more sets the size of a round."""
+    def once() -> float:
+        t0 = clock()
+        fn()
+        sync()
+        return clock() - t0
+
+    start, warm = clock(), 0
+    while warm < 2 or clock() - start < timing.warmup_s:
+        once()
+        warm += 1
+    per_call = max(statistics.median(once() for _ in range(3)), 1e-6)
+    return max(timing.min_reps, min(timing.max_reps, int(timing.budget_s / per_call)))
 
 
 def test_attention(benchmark, pair, case_cache, suite_timing):

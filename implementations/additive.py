@@ -236,7 +236,8 @@ class Additive(Backend):
     name = "additive"
     description = ("Bahdanau additive attention w^T tanh(W_q q + W_k k), seeded parameters, "
                    "query-chunked under memory_budget_mb")
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"))
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"),
+                        knobs=("additive_dim", "memory_budget_mb"))
     semantics = DIFFERENT
 
     def extra_reasons(self, case):

@@ -373,7 +373,9 @@ class BlockSparse(Backend):
     description = ("softmax attention over the nonzero tiles of a block layout only "
                    "(gathered per query block, bucketed by row length); exact for "
                    "block_sparse masks, an approximation on dense cases")
-    caps = Capabilities(masks=("none", "block_sparse"))
+    caps = Capabilities(masks=("none", "block_sparse"),
+                        knobs=("block_size", "block_band", "block_global", "block_random",
+                               "block_pairs", "block_stride", "block_layout_name"))
     semantics = APPROXIMATE  # exact on block_sparse cases: impl_reference == case reference
     # Its softmax and gradient numerics are sliding_window's helpers.
     code_modules = ("attnbench.implementations.sliding_window",)

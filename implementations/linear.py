@@ -401,7 +401,7 @@ class Linear(Backend):
     name = "linear"
     description = ("kernelized linear attention phi(Q)(phi(K)^T V) / phi(Q) sum phi(K); "
                    "feature_map elu (elu+1) or favor (FAVOR+ random features)")
-    caps = Capabilities(masks=("none", "causal"))
+    caps = Capabilities(masks=("none", "causal"), knobs=("feature_map", "num_features"))
     semantics = APPROXIMATE
 
     def extra_reasons(self, case):

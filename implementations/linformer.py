@@ -91,7 +91,7 @@ class Linformer(Backend):
     name = "linformer"
     description = ("softmax attention over K, V projected along the sequence to k rows "
                    "(linformer_k, default 256) by seeded projections; O(N k)")
-    caps = Capabilities(masks=("none",))
+    caps = Capabilities(masks=("none",), knobs=("linformer_k",))
     semantics = APPROXIMATE
 
     def approximation(self, case):

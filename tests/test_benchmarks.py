@@ -30,8 +30,10 @@ BASE_SLEEP_MS, SLOW_SLEEP_MS = "100", "200"  # 5% of 100 ms: well above sleep ji
 
 
 def bench(tmp_path, *args, sleep_ms):
-    env = dict(os.environ, ATTNBENCH_PLUGINS="fake_backends", PYTHONPATH=str(TESTS),
-               FAKE_SLEEP_MS=sleep_ms)
+    # as a user runs it: not as an xdist worker (pytest-benchmark turns itself off there)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env |= dict(ATTNBENCH_PLUGINS="fake_backends", PYTHONPATH=str(TESTS),
+                FAKE_SLEEP_MS=sleep_ms)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider",
          "--benchmark-only", str(ROOT / "benchmarks"),

@@ -283,6 +283,7 @@ def runs(tmp_path):
     r.cleanup()
 
 
+@pytest.mark.slow
 def test_parent_killed_five_times_then_resumed_ends_with_the_uninterrupted_pairs(
         baseline, suite_file, tmp_path, runs):
     rng = random.Random(SEED)
@@ -342,6 +343,7 @@ def test_parent_killed_five_times_then_resumed_ends_with_the_uninterrupted_pairs
     check_complete(run_dir, suite_file, baseline)
 
 
+@pytest.mark.slow
 def test_worker_killed_five_times_then_retried_ends_with_the_uninterrupted_pairs(
         baseline, suite_file, tmp_path, runs):
     out, run_id = tmp_path / "results", "chaos-worker"
@@ -384,6 +386,7 @@ def test_worker_killed_five_times_then_retried_ends_with_the_uninterrupted_pairs
     assert len(raw) == len(baseline) + len(crashed)  # the crashed records stay as history
 
 
+@pytest.mark.slow
 def test_parent_killed_during_the_ceilings_can_be_resumed(baseline, suite_file, tmp_path,
                                                           runs):
     out, run_id = tmp_path / "results", "chaos-ceilings"

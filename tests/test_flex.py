@@ -69,6 +69,7 @@ def test_wrapper_through_eager_flex_against_reference(case):
         assert torch.equal(out[:, :, :16], torch.zeros_like(out[:, :, :16]))
 
 
+@pytest.mark.slow
 def test_compiles_once_outside_the_timed_closure():
     """prepare() compiles (and times it as compile_s); the timed closure never recompiles.
     Only behaviour is checked here, not the compiled kernel's numbers."""

@@ -195,13 +195,16 @@ def test_time_chart_marks_every_point_that_is_not_ok(synth, tmp_path):
 def test_undeclared_runs_are_compared_as_they_ran(tmp_path):
     run = write_run(tmp_path, declare=False)
     report = Report(dataset.load([run]), tmp_path / "rep")
-    (c, recs, sp), = report.planned
+    (c, recs, sp), (alone, alone_recs, _) = report.planned
     assert not c.declared and c.baseline == "base" and c.pair == "case"
     assert set(c.backends) == {"fast", "lin", "other"}
-    assert len(recs) == len(report.df)
-    # same-case pairing: lin's favor cases have no baseline partner and say so
-    favor = sp[sp["feature_map"] == "favor"]
-    assert set(favor["baseline_status"]) == {"missing"}
+    # same-case pairing only: lin's favor cases, which base never ran, are not in it but
+    # on their own, without a baseline
+    favor = report.df["feature_map"] == "favor"
+    assert len(recs) == len(report.df) - favor.sum()
+    assert "favor" not in set(sp["feature_map"])
+    assert alone.baseline is None and alone.backends == ("lin",)
+    assert set(alone_recs["feature_map"]) == {"favor"}
     assert sp[(sp["backend"] == "fast") & (sp["seq_q"] == 8192)]["baseline_status"].item() == \
         "oom"
 
@@ -217,10 +220,11 @@ def test_several_runs_put_the_device_into_legends_and_tables(tmp_path):
     alt = re.search(r"!\[(Median time[^\n]*)\]\(time--", md).group(1)
     assert "AMD EPYC (avx512) feature_map=elu base" in alt
     assert "NVIDIA H200 (avx512) feature_map=elu base" in alt
-    # two commits on one machine: the commit tells them apart
+    # two commits on one machine: the run ids tell them apart (the commits are in the
+    # environment table), never "@1111111+dirty"
     a = write_run(tmp_path / "c", "a", commit="1" * 40)
     b = write_run(tmp_path / "c", "b", commit="2" * 40)
-    assert dataset.labels(dataset.load([a, b])) == ["@1111111", "@2222222"]
+    assert dataset.labels(dataset.load([a, b])) == ["a", "b"]
 
 
 def test_a_declared_comparison_speaks_for_its_own_suite_only(tmp_path):
@@ -230,7 +234,9 @@ def test_a_declared_comparison_speaks_for_its_own_suite_only(tmp_path):
     by_name = {c.name: recs for c, recs, _ in report.planned}
     assert set(by_name["fast-vs-base"]["run_id"]) == {"Synthetic CPU (avx512)"}
     inferred = [recs for c, recs, _ in report.planned if not c.declared]
-    assert len(inferred) == 1 and set(inferred[0]["run_id"]) == {"NVIDIA H200 (avx512)"}
+    # the other suite's run: its backends on the cases they share, then lin's favor cases
+    assert len(inferred) == 2
+    assert set(pd.concat(inferred)["run_id"]) == {"NVIDIA H200 (avx512)"}
 
 
 def test_significance_paired_and_not():

@@ -56,6 +56,7 @@ def files_under(path: Path) -> set[Path]:
     return {p for p in path.rglob("*")} if path.exists() else set()
 
 
+@pytest.mark.slow
 def test_bare_resume_replays_the_runs_own_suite_and_flags(tiny, tmp_path, capsys):
     out = tmp_path / "results"
     assert run("--suite", str(tiny), "--seq-len", "16,32", "--backends", "naive",
@@ -282,6 +283,7 @@ seq_len = [16, 256, 512]
 """
 
 
+@pytest.mark.slow
 def test_fault_backends_cost_one_record_each(fake_backends, tmp_path, capfd, monkeypatch):
     import torch
 
@@ -339,6 +341,7 @@ def test_check_determinism_records_bit_identity(fake_backends, tiny, tmp_path):
     assert run("--resume", "D", "--out", str(out)) == 0  # the flag is the run's own
 
 
+@pytest.mark.slow
 def test_a_lost_cuda_context_gets_a_fresh_worker(fake_backends, tmp_path):
     from attnbench.core.registry import all_backends
     from attnbench.runs.runner import RunOptions, run_suite
@@ -357,6 +360,7 @@ def test_a_lost_cuda_context_gets_a_fresh_worker(fake_backends, tmp_path):
     assert len(set(pids)) == len(pids) == 2  # each group after a lost context: a new worker
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_without_a_traceback(tiny, tmp_path):
     import signal
     import subprocess

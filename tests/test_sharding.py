@@ -124,6 +124,7 @@ backends_where = { mask = "window(3,0)" }
     assert all(s == Shard(r, 3, r, 3).share(jobs, suite) for r, s in enumerate(shares))
 
 
+@pytest.mark.slow
 def test_two_ranks_record_exactly_the_pairs_of_one_process(work):
     done = torchrun(work["suite"], work["out"], "two")
     assert done.returncode == 0, done.stderr[-3000:]

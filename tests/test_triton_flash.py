@@ -428,6 +428,7 @@ unit = "x"
 """
 
 
+@pytest.mark.slow
 def test_gpu_check_rehearsal_with_faults_leaves_four_files_that_hold_the_whole_check(tmp_path):
     """The GPU check's plumbing end to end on the CPU (GPU_CHECK_REHEARSAL), with the faults a
     first GPU run may meet injected: a step-1 task that segfaults its process (task 1), one

@@ -51,6 +51,8 @@ class Comparison:
     text: str = ""
     suite: str = ""
     declared: bool = True
+    # inferred ones: the (run_id, key) problems both sides ran; () = no restriction
+    problems: frozenset = frozenset()
 
     @property
     def on(self) -> list[str]:
@@ -87,9 +89,13 @@ class Comparison:
         return f"{sides}; {how} ({origin})."
 
     def _in_scope(self, df: pd.DataFrame) -> pd.Series:
-        """A declared comparison speaks for the runs of its own suite only."""
+        """A declared comparison speaks for the runs of its own suite only; an inferred one
+        for the problems its sides share."""
         if self.declared and self.suite and "suite" in df.columns:
             return df["suite"] == self.suite
+        if self.problems:
+            return pd.Series([p in self.problems for p in zip(df["run_id"], df["key"])],
+                             index=df.index, dtype=bool)
         return pd.Series(True, index=df.index)
 
     def baseline_records(self, df: pd.DataFrame) -> pd.DataFrame:
@@ -187,8 +193,9 @@ def validate_comparisons(raw, path, axes: Callable[[dict, str], dict],
 def infer(df: pd.DataFrame, suite: str = "") -> list[Comparison]:
     """Comparisons for records that no declaration selected: backends that ran the same
     problems (same run and case key), set against the one sharing problems with the most
-    others (then: more shared problems, listed first); repeated until every backend is
-    placed."""
+    others (then: more shared problems, listed first), on those shared problems only;
+    repeated until no problem is shared. Records left over, of problems one backend ran
+    alone, form one baseline-less comparison per backend."""
     out = []
     remaining = df
     while not remaining.empty:
@@ -202,12 +209,19 @@ def infer(df: pd.DataFrame, suite: str = "") -> list[Comparison]:
                 count[b] += len(backends) > 1
         baseline = max(order, key=lambda b: (len(partners[b]), count[b], -order.index(b)))
         others = tuple(b for b in order if b in partners[baseline])
-        if others:
-            name = f"{'-'.join(others) if len(others) <= 3 else 'all'}-vs-{baseline}"
-            out.append(Comparison(name, baseline, others, suite=suite, declared=False))
-        else:
-            out.append(Comparison(baseline, None, (baseline,), suite=suite, declared=False))
-        remaining = remaining[~remaining["backend"].isin({baseline, *others})]
+        if not others:  # nothing shared any more: each backend on its own
+            for b in order:
+                mine = remaining[remaining["backend"] == b]
+                out.append(Comparison(b, None, (b,), suite=suite, declared=False,
+                                      problems=frozenset(zip(mine["run_id"], mine["key"]))))
+            break
+        shared = frozenset(p for p, backends in problems.items()
+                           if baseline in backends and len(backends) > 1)
+        name = f"{'-'.join(others) if len(others) <= 3 else 'all'}-vs-{baseline}"
+        out.append(Comparison(name, baseline, others, suite=suite, declared=False,
+                              problems=shared))
+        done = [p in shared for p in zip(remaining["run_id"], remaining["key"])]
+        remaining = remaining[~pd.Series(done, index=remaining.index, dtype=bool)]
     return out
 
 

@@ -21,7 +21,8 @@ SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 def add_parser(sub) -> None:
     r = sub.add_parser("run", help="run a suite and record results")
     r.add_argument("--suite", help="suite name (in suites/) or path to a .toml (default: quick)")
-    r.add_argument("--backends", help="comma-separated backends, replacing the suite's")
+    r.add_argument("--backends", help="comma-separated backends: each sweep keeps those it "
+                   "lists; one no sweep lists runs on the cases it supports")
     r.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     r.add_argument("--dtype", help="comma-separated dtypes, replacing the suite's")
     r.add_argument("--seq-len", help="comma-separated sequence lengths, replacing the suite's")
@@ -169,6 +170,9 @@ def run(args) -> int:
     if args.resume and args.run_id and args.run_id != args.resume:
         raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
                        f"one of them (--resume names the run)")
+    if args.run_id or args.resume:  # refused before any work, --dry-run as the real run
+        from attnbench.runs.run_folder import check_name
+        check_name(args.run_id or args.resume, "--run-id" if args.run_id else "--resume")
     inv = _replay(args) if args.resume else _invocation(args)
     _check_threads(inv["threads"])
     max_memory = _size("--max-memory", inv.get("max_memory"))
@@ -179,6 +183,8 @@ def run(args) -> int:
                               inv["device"], expand=False, suite_text=text)
     if inv.get("check_determinism"):
         suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
+    for note in suite.notes:
+        print(f"note: {note}")
     too_large = size_problem(suite, device)  # from the axes: before anything is expanded
     if too_large and args.dry_run and not args.force:
         print(f"plan: would be refused without --force: {too_large}")
@@ -190,7 +196,8 @@ def run(args) -> int:
     if not jobs:
         raise BadInput(f"{suite.path}: no (case, backend) pair on {device} is left after its "
                        f"excludes and the command line; allowed: a suite with at least one")
-    plan = make_plan(suite, jobs, device)
+    plan = make_plan(suite, jobs, device, history=Path(args.out) if args.dry_run else None,
+                     measure=args.dry_run)  # the estimate only where it is printed
     if args.dry_run:
         print(f"plan: {plan.summary()}")
         for problem in plan.problems():

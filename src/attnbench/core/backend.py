@@ -46,6 +46,9 @@ class Capabilities:
     cross_attention: bool = True  # seq_q != seq_k
     dv_differs: bool = True  # head_dim_v != head_dim
     requires: tuple[str, ...] = ()  # importable modules needed at all
+    # Case knobs this backend reads on every case (``Backend.reads_knob``): the ones a line
+    # of its records may be named by
+    knobs: tuple[str, ...] = ()
 
     def reasons(self, case: Case) -> list[str]:
         out = []
@@ -102,6 +105,13 @@ class Backend:
     def not_supported_reasons(self, case: Case) -> list[str]:
         """Readable reasons this case cannot run here; an empty list means supported."""
         return self.caps.reasons(case) + self.extra_reasons(case)
+
+    def reads_knob(self, knob: str, mask: str) -> bool:
+        """Whether the case knob ``knob`` changes what this backend computes on a case with
+        ``mask``: its declared knobs, the block knobs on a block-sparse mask, the scale."""
+        block = knob.startswith("block_") and knob != "block_layout_name"
+        return knob in self.caps.knobs or knob == "scale" or (
+            block and str(mask).startswith("block_sparse"))
 
     def extra_reasons(self, case: Case) -> list[str]:
         """Backend-specific limits that capabilities data cannot express."""

@@ -29,6 +29,13 @@ class Metric:
     def shown_unit(self) -> str:
         return "%" if self.percent else (self.display_unit or self.unit)
 
+    @property
+    def heading(self) -> str:
+        """The section with its unit, once: "Median time (ms)", but "Throughput (TFLOP/s of
+        the work each backend performs)" as it stands."""
+        unit = self.shown_unit
+        return self.section if unit in self.section else f"{self.section} ({unit})"
+
     def format(self, value) -> str:
         """The value as a table shows it, without its unit ('' when missing)."""
         if value is None or (isinstance(value, float) and math.isnan(value)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import re
 import resource
 import signal
 import sys
@@ -57,6 +58,8 @@ def setup_process(threads: int | None) -> None:
 # worker.log past LOG_LIMIT bytes is cut to its last LOG_KEEP between groups
 LOG_LIMIT = 8 * 2**20
 LOG_KEEP = 2**20
+# Triton's bindings at interpreter exit: not a worker's last words worth quoting
+NANOBIND_NOISE = re.compile(r"^(nanobind: |- leaked |See https://nanobind)")
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,12 @@ def _worker_main(conn, config: WorkerConfig) -> None:
         _serve(conn, config.threads, config.profile_dir)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: end quietly,
         pass  # the parent reports the interruption
+    # Done: leave without the interpreter's teardown, where Triton's nanobind bindings print
+    # "nanobind: leaked N instances!" blocks into worker.log on every exit. Nothing is left
+    # to tear down: every record went over the pipe, and the output is flushed here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @contextlib.contextmanager
@@ -215,7 +224,8 @@ class IsolatedExecutor:
         with open(log, "rb") as fh:
             fh.seek(self.log_offset)
             text = fh.read()[-4096:].decode("utf-8", "replace")
-        tail = [x.strip() for x in text.splitlines() if x.strip()][-lines:]
+        tail = [x.strip() for x in text.splitlines() if x.strip()
+                and not NANOBIND_NOISE.match(x.strip())][-lines:]
         return " | ".join(tail)
 
     def _stop(self, kill: bool = False) -> None:

@@ -333,6 +333,8 @@ def comparison_headline(c: Comparison, sp: pd.DataFrame) -> str | None:
     top = ok[ok["seq_q"] == ok["seq_q"].max()]
     best = top.loc[top["speedup"].astype(float).idxmax()]
     where = f"N = {tables.seq_label(best)}, {best['dtype']} {best['mode']}"
+    if "run_id" in ok and ok["run_id"].nunique() > 1:  # several runs: say which one
+        where += f", run {best['run_id']}"
     iv = ratios.format_ratio(_interval(best))
     sig = "" if best["significant"] else \
         f", not significant {str(best['significance']).removeprefix('no ')}"

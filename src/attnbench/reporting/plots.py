@@ -49,8 +49,9 @@ class Chart:
 
 
 class Palette:
-    """Backend -> colour, run -> line style, the rest of a line (mask, knobs) -> marker.
-    One palette serves a whole report, so a backend looks the same in every chart."""
+    """(backend, mask) -> colour, run -> line style, the rest of a line (knobs, dtype) ->
+    marker. One palette serves a whole report, so a backend on a mask looks the same in
+    every chart, and two masks of one backend (window and causal) never share a colour."""
 
     COLORS = [matplotlib.colors.to_hex(c) for c in plt.get_cmap("tab10").colors]
     STYLES = ["-", "--", ":", "-."]
@@ -65,13 +66,19 @@ class Palette:
             seen[key] = options[len(seen) % len(options)]
         return seen[key]
 
-    def color(self, backend: str) -> str:
-        return self._pick("color", backend, self.COLORS)
+    def color(self, backend: str, mask: str | None = None) -> str:
+        """The colour of a backend's line on ``mask``; without a mask, the colour of its
+        first line (what a goal drawn for the backend uses)."""
+        if mask is None:
+            mine = [c for (b, _), c in self._seen["color"].items() if b == backend]
+            if mine:
+                return mine[0]
+        return self._pick("color", (backend, mask), self.COLORS)
 
     def of(self, line: dict) -> dict:
         rest = tuple((k, str(v)) for k, v in line.items()
-                     if k not in ("backend", "run_id", "dtype", "mode"))
-        return {"color": self.color(str(line.get("backend"))),
+                     if k not in ("backend", "run_id", "dtype", "mode", "mask"))
+        return {"color": self.color(str(line.get("backend")), str(line.get("mask", ""))),
                 "linestyle": self._pick("style", str(line.get("run_id", "")), self.STYLES),
                 "marker": self._pick("marker", rest, self.MARKERS)}
 
@@ -128,10 +135,19 @@ class Lines:
             return
         frac = min(0.05 + 0.075 * min(len(self.mark_slots), 10), 0.7)
         low, high = ax.get_ylim()
+        below = low - (high - low) * frac / (1 - frac)
+        if ax.get_yscale() == "linear" and below < 0 <= low and high > low:
+            # every drawn quantity (time, speedup, rate, memory) is positive: a linear axis
+            # never reads below zero; the room for the marks is made on a log axis instead
+            if low == 0:
+                return
+            ax.set_yscale("log")
+            _plain_log_ticks(ax.yaxis)
+            ax.set_ylim(low, high)
         if ax.get_yscale() == "log" and low > 0:
             ax.set_ylim(low / (high / low) ** (frac / (1 - frac)), high)
         elif high > low:
-            ax.set_ylim(low - (high - low) * frac / (1 - frac), high)
+            ax.set_ylim(below, high)
 
     def note(self, chart: Chart, line: dict, rows: pd.DataFrame, status: str) -> None:
         """Statuses of points drawn in place (wrong ones): listed, not drawn again."""
@@ -157,6 +173,11 @@ def _x_axis(ax, sizes: list[int], rectangular: bool = False) -> None:
 
 def _y_axis(ax, values, label: str, force_log: bool = False) -> None:
     v = np.asarray([x for x in values if x is not None and np.isfinite(x) and x > 0])
+    if not v.size:  # only status marks: no value to read, so no scale (never a negative one)
+        ax.set_ylim(0, 1)
+        ax.set_yticks([])
+        ax.set_ylabel(label)
+        return
     if force_log or (v.size and v.max() / v.min() >= 10):
         ax.set_yscale("log")
         if v.size and v.max() / v.min() < 1e4:
@@ -190,7 +211,7 @@ def _finish(fig, ax_or_axes, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     if entries:
-        fig.legend(entries.values(), entries.keys(), fontsize=7, frameon=False,
+        fig.legend(entries.values(), entries.keys(), fontsize=9, frameon=False,
                    loc="upper center", bbox_to_anchor=(0.5, 0.0),
                    ncol=2 if len(entries) > 3 else 1)
     tmp = path.with_name(f".{path.name}.tmp")  # atomic: a reader never sees half a chart

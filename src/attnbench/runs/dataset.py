@@ -69,17 +69,13 @@ def load(run_dirs: list[str | Path]) -> list[Run]:
 
 
 def labels(runs: list[Run]) -> list[str]:
-    """Device when devices differ, commit when commits differ, both when both do; the run id
-    when neither tells the runs apart."""
+    """Device when devices differ; the run id where the device does not tell the runs apart
+    (a commit such as ``@df68299+dirty`` names no run a reader knows; the environment table
+    lists each run's commit)."""
     if len(runs) == 1:
         return [runs[0].run_id]
-    parts = [[] for _ in runs]
-    for attr in ("device", "commit"):
-        values = [getattr(r, attr) for r in runs]
-        if len(set(values)) > 1:
-            for p, v in zip(parts, values):
-                p.append(v if attr == "device" else f"@{v}")
-    out = [" ".join(p) for p in parts]
+    devices = [r.device for r in runs]
+    out = devices if len(set(devices)) > 1 else ["" for _ in runs]
     if not all(out) or len(set(out)) < len(out):
         out = [f"{o} {r.run_id}".strip() for o, r in zip(out, runs)]
     return out

@@ -34,7 +34,7 @@ def select(suite_name: str, backends: str | None = None, dtype: str | None = Non
     caller checks the plan's size from the axes first)."""
     from attnbench.core.registry import all_backends
     from attnbench.runs.runner import resolve_device
-    from attnbench.runs.suite import load_suite, override_axes
+    from attnbench.runs.suite import load_suite, narrow_backends, override_axes
 
     known = sorted(all_backends())
     names = csv_list(backends)
@@ -48,6 +48,6 @@ def select(suite_name: str, backends: str | None = None, dtype: str | None = Non
         raise BadInput("--dtype '': allowed: comma-separated dtypes, e.g. float32,bfloat16")
     device = resolve_device(device)
     suite = load_suite(suite_name, known, text=suite_text)
-    override_axes(suite, backends=names, dtype=dtypes,
-                  seq_len=positive_ints("--seq-len", seq_len))
+    override_axes(suite, dtype=dtypes, seq_len=positive_ints("--seq-len", seq_len))
+    narrow_backends(suite, names, device)
     return suite, device, suite.jobs_on(device) if expand else None

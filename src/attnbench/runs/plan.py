@@ -7,7 +7,11 @@ such as ``--seq-len 1000000000`` never starts.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import statistics
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -73,15 +77,16 @@ class Plan:
     largest: Case | None
     largest_bytes: int
     memory_bytes: int | None
+    assumed: str = ""  # what the estimate rests on (``estimate``)
 
     def summary(self) -> str:
         mem = "" if self.memory_bytes is None else f" of {self.memory_bytes / 2**30:.0f} GiB"
         big = "" if self.largest is None else (
             f"; largest inputs {self.largest_bytes / 2**20:.4g} MiB{mem} ({self.largest.key})")
         more = "more than " if self.pairs > MAX_PAIRS else ""  # expansion stopped there
+        how = f" ({self.assumed})" if self.assumed else " at the suite's budgets"
         return (f"{more}{self.pairs} (case, backend) pairs over {self.cases} cases; about "
-                f"{self.estimate_s / 60:.1f} min at the suite's budgets (more for slow "
-                f"calls){big}")
+                f"{self.estimate_s / 60:.1f} min{how}{big}")
 
     def problems(self) -> list[str]:
         out = []
@@ -112,12 +117,133 @@ def pair_cost_s(case: Case, timing: TimingBudget, work_flops: float | None = Non
     return pair_budget_s(timing) + calls * per_call
 
 
-def make_plan(suite: Suite, jobs: list[tuple[Case, str]], device: str) -> Plan:
-    per_pair = pair_budget_s(suite.timing)
+def make_plan(suite: Suite, jobs: list[tuple[Case, str]], device: str,
+              history: Path | None = None, measure: bool = False) -> Plan:
+    """The plan; its time from ``estimate`` when ``history`` (a results folder) is given or
+    ``measure`` allows measuring the matmul rate, else the suite's budgets alone."""
     cases = {c.key: c for c, _ in jobs}
     largest = max(cases.values(), key=input_bytes, default=None)
-    return Plan(len(jobs), len(cases), per_pair * len(jobs), largest,
-                input_bytes(largest) if largest else 0, device_memory_bytes(device))
+    if history is not None or measure:
+        seconds, assumed = estimate(suite, jobs, device, history)
+    else:
+        seconds, assumed = pair_budget_s(suite.timing) * len(jobs), ""
+    return Plan(len(jobs), len(cases), seconds, largest,
+                input_bytes(largest) if largest else 0, device_memory_bytes(device), assumed)
+
+
+# ---- the estimate: per-call times from measured rates, calibrated by an earlier run ------
+SKIP_S = 0.05  # a pair that cannot run (unsupported, unavailable): a record, no worker time
+DEFAULT_EFFICIENCY = 0.25  # share of the matmul rate a call reaches, without an earlier run
+
+
+def call_pair_s(t: float, timing: TimingBudget, kind: str) -> float:
+    """Wall seconds of one pair whose call takes ``t`` seconds: per worker process its
+    setup, warm-up and timed rounds (each timed call primed by an untimed one on CPU; the
+    repetitions the budget allows, within min and max), then the untimed calls."""
+    share = timing.per_process()
+    primed = 2 if kind == "cpu" else 1
+    reps = min(max(share.min_reps, share.budget_s / (primed * t)), share.max_reps)
+    per_process = SETUP_S + max(share.warmup_s, share.min_warmup * t) + reps * primed * t
+    return timing.processes * per_process + UNTIMED_CALLS * t
+
+
+def _runs_of(results: Path, suite: str, kind: str) -> list[tuple[Path, dict]]:
+    """Finished earlier runs of ``suite`` on this device type, newest first."""
+    from attnbench.runs import record_files
+    out = []
+    for d in results.iterdir() if results.is_dir() else []:
+        if not (d / "meta.json").is_file():
+            continue
+        try:
+            meta = record_files.read_meta(d)
+        except Exception:  # an unreadable run is no evidence
+            continue
+        device = str((meta.get("invocation") or {}).get("device") or "")
+        records = d / record_files.RECORDS
+        if meta.get("suite") == suite and meta.get("ended") and meta.get("started") \
+                and records.is_file() and (device in ("", "auto") or device.startswith(kind)):
+            out.append((d, meta))
+    return sorted(out, key=lambda r: str(r[1]["started"]), reverse=True)
+
+
+def _seconds(meta: dict) -> float:
+    start, end = (datetime.fromisoformat(meta[k]) for k in ("started", "ended"))
+    return (end - start).total_seconds()
+
+
+def _call_s(case: Case, backend: str, rate: float, efficiency: dict[str, float],
+            known: dict[tuple[str, str], float]) -> float:
+    if (case.key, backend) in known:
+        return known[(case.key, backend)]
+    eff = efficiency.get(backend, statistics.median(efficiency.values()) if efficiency
+                         else DEFAULT_EFFICIENCY)
+    return case.flops / (rate * eff) + case.bytes / NOMINAL_BYTES_PER_S.get(
+        case.device.split(":")[0], NOMINAL_BYTES_PER_S["cpu"])
+
+
+def _modelled_s(jobs, timing: TimingBudget, rate: float, efficiency: dict, known: dict,
+                kind: str) -> float:
+    from attnbench.core.registry import all_backends
+    backends = all_backends()
+    total = 0.0
+    for case, name in jobs:
+        b = backends.get(name)
+        if b is None or not b.is_available()[0] or b.not_supported_reasons(case):
+            total += SKIP_S
+        else:
+            total += call_pair_s(_call_s(case, name, rate, efficiency, known), timing, kind)
+    return total
+
+
+def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
+             history: Path | None) -> tuple[float, str]:
+    """Seconds the run will take, and what that assumes. Per-call times come from the
+    newest finished earlier run of the suite on this device type under ``history`` (its
+    median times per pair, each backend's share of its measured matmul rate for pairs it did
+    not run), or else from the matmul rate measured now at ``DEFAULT_EFFICIENCY``; the cost
+    model (``call_pair_s``) is then scaled by the earlier run's measured wall time over what
+    the model says of that run, which folds in worker start-up and the ceilings."""
+    from attnbench.runs import record_files
+    kind = device.split(":")[0]
+    earlier = _runs_of(history, suite.name, kind) if history is not None else []
+    if earlier:
+        run_dir, meta = earlier[0]
+        records = [r for r in record_files.read_records(run_dir)]
+        rate = float(max((meta.get("ceilings") or {}).get("matmul_tflops", {}).values(),
+                         default=0.0)) * 1e12
+        known = {(r["key"], r["backend"]): r["time_ms_median"] * 1e-3 for r in records
+                 if r.get("status") == "ok" and r.get("time_ms_median")}
+        shares: dict[str, list[float]] = {}
+        for r in records:
+            if r.get("status") == "ok" and r.get("time_ms_median") and r.get("flops") and rate:
+                shares.setdefault(r["backend"], []).append(
+                    r["flops"] / (r["time_ms_median"] * 1e-3) / rate)
+        efficiency = {b: statistics.median(v) for b, v in shares.items()}
+        rate = rate or _matmul_rate(device)
+        then = TimingBudget(**{k: v for k, v in (meta.get("timing") or {}).items()
+                               if k in {f.name for f in dataclasses.fields(TimingBudget)}})
+        own = [(Case(**{k: v for k, v in r.items() if k in Case.__dataclass_fields__}
+                     | {"block_pairs": tuple(map(tuple, r.get("block_pairs") or ()))}),
+                r["backend"]) for r in records]
+        modelled = _modelled_s(own, then, rate, efficiency, known, kind)
+        factor = min(max(_seconds(meta) / modelled, 0.2), 5.0) if modelled > 0 else 1.0
+        seconds = factor * _modelled_s(jobs, suite.timing, rate, efficiency, known, kind)
+        covered = sum((c.key, b) in known for c, b in jobs)
+        return seconds, (f"from run {run_dir.name}: {_seconds(meta) / 60:.1f} min measured; "
+                         f"{covered} of {len(jobs)} pairs at its measured times, the rest at "
+                         f"its backends' rates; the model scaled x{factor:.2f} to match that run")
+    rate = _matmul_rate(device)
+    seconds = _modelled_s(jobs, suite.timing, rate, {}, {}, kind)
+    return seconds, (f"no earlier run of {suite.name} on {kind}: calls at "
+                     f"{DEFAULT_EFFICIENCY:.0%} of the matmul rate measured now "
+                     f"({rate / 1e9:.0f} GFLOP/s); a first run can take 2x longer")
+
+
+@functools.cache
+def _matmul_rate(device: str) -> float:
+    """fp32 matmul FLOP/s now, measured once per process (one size on CPU: 1024^3)."""
+    from attnbench.measure.ceilings import matmul_tflops
+    return matmul_tflops("float32", device, 1024 if device.startswith("cpu") else None) * 1e12
 
 
 def check_plan(plan: Plan, force: bool) -> None:

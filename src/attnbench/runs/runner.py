@@ -186,7 +186,8 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
             bar.set_description_str(f"attnbench {suite.name}")
         save_meta()
         slow = {} if options.explicit_dtypes else slow_dtypes(
-            meta.get("ceilings") or {}, suite.timing.slow_dtype_factor)
+            meta.get("ceilings") or {}, suite.timing.slow_dtype_factor,
+            environment.cpu_capability() if device.startswith("cpu") else None)
         if slow:
             meta["slow_dtypes"] = slow
             save_meta()
@@ -210,12 +211,26 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
     return run_dir
 
 
-def slow_dtypes(ceilings: dict, factor: float) -> dict[str, str]:
+# CPU capabilities (torch.backends.cpu.get_cpu_capability) whose ATen kernels have no
+# native bf16: on an AVX-512 host lowered by ATEN_CPU_CAPABILITY=avx2, oneDNN's matmul still
+# runs AVX-512 bf16 (the ceiling looks fast) while sdpa's bf16 kernels fail ("pack_vnni2 is
+# only supported when avx512 is supported", docs/upstream-faults.md)
+NO_NATIVE_BF16 = {"default", "avx2", "no avx", "zvector", "vsx"}
+
+
+def slow_dtypes(ceilings: dict, factor: float, cpu_capability: str | None = None
+                ) -> dict[str, str]:
     """Dtypes whose measured matmul rate is below 1/factor of float32's (of the fastest
     dtype's when float32 was not measured), with the reason their cases are left out (a CPU
-    without native bf16: minutes per bf16 case). float32 itself is never left out: it is
-    the precision every other is judged against, even where AMX makes bf16 15x faster."""
+    without native bf16: minutes per bf16 case); bfloat16 also where ATen's kernels run at a
+    capability without native bf16 (``NO_NATIVE_BF16``). float32 itself is never left out:
+    it is the precision every other is judged against, even where AMX makes bf16 15x faster."""
     rates = ceilings.get("matmul_tflops") or {}
+    if factor and "bfloat16" in rates and cpu_capability in NO_NATIVE_BF16:
+        return {"bfloat16": f"bfloat16 left out: torch's CPU kernels run at capability "
+                            f"{cpu_capability} (ATEN_CPU_CAPABILITY or the CPU), without "
+                            f"native bf16, where sdpa's bf16 fails (pack_vnni2) and the rest "
+                            f"is 10-70x slower; pass --dtype bfloat16 to run it anyway"}
     if not factor or len(rates) < 2:
         return {}
     base = "float32" if "float32" in rates else max(rates, key=rates.get)

@@ -71,6 +71,9 @@ class Sweep:
     # axes computed from the others at each point (``batch = "16384 // seq_len"``)
     derive: dict[str, arith.Expression] = field(default_factory=dict)
     devices: tuple[str, ...] = ()  # device types this sweep runs on; () = every device
+    # backends the command line added to a sweep that does not list them: each runs only on
+    # the cases it supports, so it adds no `unsupported` record nobody asked for
+    supported_only: tuple[str, ...] = ()
 
     def runs_on(self, device: str) -> bool:
         return not self.devices or device.split(":")[0] in self.devices
@@ -178,6 +181,7 @@ class Suite:
     claims: list[dict] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)  # the report's panel sets
     text: str = ""  # the TOML it was read from: a run records it and --resume replays it
+    notes: list[str] = field(default_factory=list)  # what command-line overrides changed
 
     def jobs(self, limit: int | None = None) -> list[tuple[Case, str]]:
         """(case, backend) pairs in run order: every backend of a case together, sizes rising.
@@ -190,6 +194,8 @@ class Suite:
                     for backend in sweep.backends:
                         if sweep.backend_excluded(case, backend) or (case.key,
                                                                      backend) in seen:
+                            continue
+                        if backend in sweep.supported_only and not _supports(backend, case):
                             continue
                         seen.add((case.key, backend))
                         jobs.append((case, backend))
@@ -480,15 +486,59 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
                  validate_comparisons(data.get("comparison"), path, v.axes, v.backends))
 
 
+def _supports(backend: str, case: Case) -> bool:
+    from attnbench.core.registry import get_backend
+    return not get_backend(backend).not_supported_reasons(case)
+
+
+def narrow_backends(suite: Suite, names: list[str] | None, device: str) -> Suite:
+    """``--backends``: each sweep keeps the named backends it lists; a named backend that no
+    sweep lists joins every sweep with a case it supports on ``device``, and runs only on
+    those cases. Sweeps left empty are dropped. What changed goes to ``suite.notes``."""
+    if names is None:
+        return suite
+    listed = {b for s in suite.sweeps for b in s.backends}
+    unlisted = [b for b in names if b not in listed]
+    kept, emptied = [], []
+    joined: dict[str, list[str]] = {b: [] for b in unlisted}
+    for sweep in suite.sweeps:
+        backends = [b for b in sweep.backends if b in names]
+        added = []
+        if sweep.runs_on(device):
+            cases = [c.replace(device=device) for c in sweep.cases()]
+            added = [b for b in unlisted if any(_supports(b, c) for c in cases)]
+        for b in added:
+            joined[b].append(sweep.name)
+        if backends or added:
+            sweep.backends = backends + added
+            sweep.supported_only = tuple(added)
+            kept.append(sweep)
+        else:
+            emptied.append(sweep.name)
+    given = ",".join(names)
+    if not kept:
+        raise BadInput(f"--backends {given}: no sweep of suite {suite.name!r} lists them or "
+                       f"has a case they support on {device}; its backends: "
+                       f"{', '.join(suite.backends)}")
+    suite.sweeps = kept
+    if emptied:
+        suite.notes.append(f"--backends {given}: left out sweeps listing none of them: "
+                           f"{', '.join(emptied)}")
+    for b, sweeps in joined.items():
+        suite.notes.append(
+            f"--backends {given}: {b} is listed by no sweep; " + (
+                f"it runs on the cases it supports of sweeps {', '.join(sweeps)}" if sweeps
+                else "no sweep has a case it supports, so it does not run"))
+    return suite
+
+
 def override_axes(suite: Suite, **axes) -> Suite:
-    """Replace axis values in every sweep (CLI --dtype, --seq-len, --device, --backends)."""
+    """Replace axis values in every sweep (CLI --dtype, --seq-len, --device); --backends
+    narrows instead (``narrow_backends``)."""
     v = _Validator(Path("command line"), None)
     for sweep in suite.sweeps:
         for key, values in axes.items():
             if values is None:
-                continue
-            if key == "backends":
-                sweep.backends = list(values)
                 continue
             checked = [v.axis_value(key, x) for x in values]
             if key == "seq_len":

@@ -1,0 +1,74 @@
+"""The regression gate for pytest-benchmark results, decided as ``attnbench compare`` does.
+
+    python benchmarks/gate.py BASE.json NEW.json [--threshold 0.1] [--alpha 0.05]
+
+BASE.json and NEW.json are ``--benchmark-json`` files (they hold every round's time). A
+benchmark is ``worse`` only when its rounds differ significantly from the base's
+(Mann-Whitney U, p < alpha) *and* its median is beyond the threshold
+(``attnbench.stats.intervals.compare_samples``): on a shared machine, where the median of an
+unchanged tree moves by 10-30% between sessions, a fixed ``median:5%`` fails on noise, while
+this fails on changes the rounds cannot explain. Prints one line per benchmark that changed
+and a last line with the verdict; exit 0 (no regression), 1 (a regression, or a benchmark of
+the base missing from the new file), 2 (an unreadable file), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _load(path: str) -> dict[str, list[float]]:
+    """Benchmark name -> its rounds' seconds, from a --benchmark-json file."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return {b["fullname"]: list(b["stats"]["data"]) for b in data["benchmarks"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"gate: {path}: not a pytest-benchmark --benchmark-json file with "
+                         f"round data ({type(exc).__name__}: {exc}); allowed: the file "
+                         f"pytest --benchmark-json=FILE wrote") from None
+
+
+def gate(base: dict[str, list[float]], new: dict[str, list[float]], threshold: float,
+         alpha: float) -> tuple[list[str], bool]:
+    """(lines to print, whether the gate fails)."""
+    from attnbench.stats.intervals import compare_samples
+    lines, failed, counts = [], False, {"worse": 0, "better": 0, "unchanged": 0}
+    for name, rounds in base.items():
+        if name not in new:
+            lines.append(f"missing  {name}: in the base, not in the new results")
+            failed = True
+            continue
+        verdict, iv, p = compare_samples(rounds, new[name], threshold, True, alpha)
+        counts[verdict] += 1
+        if verdict != "unchanged":
+            lines.append(f"{verdict:<8} {name}: new/base median {iv.estimate:.3f} "
+                         f"[{iv.low:.3f}, {iv.high:.3f}], p = {p:.3g}")
+        failed |= verdict == "worse"
+    lines.append(f"gate: {'FAIL' if failed else 'pass'}: {counts['worse']} worse, "
+                 f"{counts['better']} better, {counts['unchanged']} unchanged of {len(base)} "
+                 f"(threshold {threshold:.0%}, p < {alpha})")
+    return lines, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("base")
+    parser.add_argument("new")
+    parser.add_argument("--threshold", type=float, default=0.1)
+    parser.add_argument("--alpha", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    try:
+        base, new = _load(args.base), _load(args.new)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    lines, failed = gate(base, new, args.threshold, args.alpha)
+    print("\n".join(lines))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
