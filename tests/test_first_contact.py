@@ -181,7 +181,7 @@ def test_list_shows_capabilities_and_survives_a_closed_pipe():
     assert piped.stdout == "[\n" and "Traceback" not in piped.stderr, piped.stderr
 
 
-def _earlier_run(results, suite, jobs, seconds, ms=1.0):
+def _earlier_run(results, suite, jobs, seconds, ms=1.0, environment=None):
     import dataclasses
     import json
 
@@ -192,6 +192,8 @@ def _earlier_run(results, suite, jobs, seconds, ms=1.0):
             "ended": f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}+00:00",
             "timing": dataclasses.asdict(suite.timing), "invocation": {"device": "cpu"},
             "ceilings": {"matmul_tflops": {"float32": 0.25}}}
+    if environment:
+        meta["environment"] = environment
     (run / "meta.json").write_text(json.dumps(meta))
     with open(run / "records.jsonl", "w") as fh:
         for case, backend in jobs:
@@ -210,6 +212,21 @@ def test_dry_run_estimate_comes_from_an_earlier_run_of_the_suite(tmp_path):
     half = [j for j in jobs if j[1] == "naive"]
     assert make_plan(suite, half, device, history=tmp_path).estimate_s == \
         pytest.approx(50, rel=0.05)
+
+
+def test_dry_run_estimate_from_another_machine_scales_by_the_matmul_rates(tmp_path,
+                                                                         monkeypatch):
+    """An earlier run on another machine: its times scaled by its fp32 matmul rate over this
+    machine's (injected here, never measured in a test)."""
+    from attnbench.runs import plan as plan_module
+    suite, device, jobs = select("quick", device="cpu")
+    _earlier_run(tmp_path, suite, jobs, seconds=100,
+                 environment={"device_name": "a faster CPU", "cpu_capability": "avx512",
+                              "threads": 2})
+    monkeypatch.setattr(plan_module, "_matmul_rate", lambda device: 0.125e12)  # half of 0.25
+    plan = plan_module.make_plan(suite, jobs, device, history=tmp_path)
+    assert plan.estimate_s == pytest.approx(200, rel=0.01)
+    assert "measured on a faster CPU: its times scaled x2.00" in plan.summary()
 
 
 def _benchmarks_module(name):

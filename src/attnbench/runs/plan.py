@@ -207,11 +207,24 @@ def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
     kind = device.split(":")[0]
     earlier = _runs_of(history, suite.name, kind) if history is not None else []
     if earlier:
-        run_dir, meta = earlier[0]
+        here = _machine(device)
+        same = [r for r in earlier if _machine_of(r[1]) in (here, UNKNOWN_MACHINE)]
+        run_dir, meta = (same or earlier)[0]
         records = [r for r in record_files.read_records(run_dir)]
         rate = float(max((meta.get("ceilings") or {}).get("matmul_tflops", {}).values(),
                          default=0.0)) * 1e12
-        known = {(r["key"], r["backend"]): r["time_ms_median"] * 1e-3 for r in records
+        # Another machine's times say little of this one's until scaled by the two matmul
+        # rates (a 2.4x faster AVX-512 host read 2x low here without it).
+        scale, moved = 1.0, ""
+        then_fp32 = float(((meta.get("ceilings") or {}).get("matmul_tflops") or {}).get(
+            "float32") or 0.0) * 1e12  # like for like: _matmul_rate is fp32
+        if not same and then_fp32:
+            now = _matmul_rate(device)
+            scale, rate = then_fp32 / now, rate * now / then_fp32
+            moved = (f" (measured on {_machine_of(meta)[0] or 'another machine'}: its times "
+                     f"scaled x{scale:.2f} by its matmul rate over this machine's, measured "
+                     f"now)")
+        known = {(r["key"], r["backend"]): r["time_ms_median"] * 1e-3 * scale for r in records
                  if r.get("status") == "ok" and r.get("time_ms_median")}
         shares: dict[str, list[float]] = {}
         for r in records:
@@ -226,10 +239,10 @@ def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
                      | {"block_pairs": tuple(map(tuple, r.get("block_pairs") or ()))}),
                 r["backend"]) for r in records]
         modelled = _modelled_s(own, then, rate, efficiency, known, kind)
-        factor = min(max(_seconds(meta) / modelled, 0.2), 5.0) if modelled > 0 else 1.0
+        factor = min(max(_seconds(meta) * scale / modelled, 0.2), 5.0) if modelled > 0 else 1.0
         seconds = factor * _modelled_s(jobs, suite.timing, rate, efficiency, known, kind)
         covered = sum((c.key, b) in known for c, b in jobs)
-        return seconds, (f"from run {run_dir.name}: {_seconds(meta) / 60:.1f} min measured; "
+        return seconds, (f"from run {run_dir.name}{moved}: {_seconds(meta) / 60:.1f} min measured; "
                          f"{covered} of {len(jobs)} pairs at its measured times, the rest at "
                          f"its backends' rates; the model scaled x{factor:.2f} to match that run")
     rate = _matmul_rate(device)
@@ -237,6 +250,22 @@ def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
     return seconds, (f"no earlier run of {suite.name} on {kind}: calls at "
                      f"{DEFAULT_EFFICIENCY:.0%} of the matmul rate measured now "
                      f"({rate / 1e9:.0f} GFLOP/s); a first run can take 2x longer")
+
+
+UNKNOWN_MACHINE = (None, None, None)  # a run that recorded no environment: taken as this one
+
+
+def _machine_of(meta: dict) -> tuple:
+    """What tells two machines apart for timing: the device's name, the CPU kernels'
+    capability, the threads."""
+    env = meta.get("environment") or {}
+    return env.get("device_name"), env.get("cpu_capability"), env.get("threads")
+
+
+@functools.cache
+def _machine(device: str) -> tuple:
+    from attnbench.runs.environment import collect
+    return _machine_of({"environment": collect(device)})
 
 
 @functools.cache
