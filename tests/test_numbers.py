@@ -322,16 +322,19 @@ rounds = [8, 16, 24, 32]
 """
 
 
-@pytest.mark.parametrize("bound,processes,rounds,stop,used,verdict", [
+@pytest.mark.parametrize("bound,processes,rounds,stop,used,verdict,isolate", [
     # true ratio 2 (per-round 1.9 / 2.1): far from 1.5, the first look decides
-    (1.5, 1, 8, "decided", 1, "holds"),
-    (1.5, 3, 8, "decided", 1, "holds"),  # decided in the first process: no other runs
+    (1.5, 1, 8, "decided", 1, "holds", True),
+    (1.5, 3, 8, "decided", 1, "holds", True),  # decided in the first process: no other runs
     # on the bound: every look straddles 2, rounds go on to the budget (past max_reps)
-    (2.0, 1, 32, "claim_budget", 1, "inconclusive"),
-    (2.0, 3, 32, "claim_budget", 3, "inconclusive"),  # looks spread over 3 processes
+    (2.0, 1, 32, "claim_budget", 1, "inconclusive", True),
+    (2.0, 3, 32, "claim_budget", 3, "inconclusive", True),  # looks over 3 processes
+    (1.5, 3, 8, "decided", 1, "holds", False),  # the same without isolation
+    (2.0, 3, 32, "claim_budget", 3, "inconclusive", False),
 ])
 def test_a_sequential_claim_stops_when_decided_or_at_its_budget(
-        fake_clock, write_suite, tmp_path, bound, processes, rounds, stop, used, verdict):
+        fake_clock, write_suite, tmp_path, bound, processes, rounds, stop, used, verdict,
+        isolate):
     import pandas as pd
 
     from attnbench.analysis.claims import claims_table
@@ -342,7 +345,7 @@ def test_a_sequential_claim_stops_when_decided_or_at_its_budget(
     path = write_suite(SEQUENTIAL_SUITE.format(bound=bound, processes=processes))
     suite = load_suite(str(path), sorted(all_backends()))
     run = run_suite(suite, "cpu", RunOptions(out=tmp_path, run_id="r", progress=False,
-                                             measure_ceilings=False))
+                                             measure_ceilings=False, isolate=isolate))
     slow, fast = read_records(run)
     assert slow["status"] == fast["status"] == "ok", (slow["reason"], fast["reason"])
     for rec in (slow, fast):
