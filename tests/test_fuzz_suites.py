@@ -84,7 +84,8 @@ claims = st.lists(st.fixed_dictionaries(
               "metric": st.one_of(st.sampled_from(["time_ms_median", "tflops", "x"]), values),
               "expected": st.one_of(st.just([1.0, 2.0]), st.just([0.5]), values),
               "scale": st.one_of(st.just(1000), values), "where": st.one_of(
-                  st.just({"seq_len": 16}), values), "unit": values, "zzz": values}),
+                  st.just({"seq_len": 16}), values), "unit": values, "zzz": values,
+              "rounds": st.one_of(st.just([8, 16]), st.just([2, 4]), values)}),
     max_size=2)
 
 

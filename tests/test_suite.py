@@ -247,3 +247,49 @@ def test_h200_suite_keeps_tokens_and_width_fixed_and_states_its_goals():
     assert {(c.dtype, c.head_dim) for c in first} == {("bfloat16", 128)}
     assert {c.dtype for c, _ in jobs[:120]} == {"bfloat16"}
     assert {g["numerator"] for g in suite.claims} >= {"sdpa_flash", "sdpa_cudnn", "triton_flash"}
+
+
+SEQUENTIAL = GOOD + """
+[[claim]]
+text = "sdpa is at least 2x faster than naive"
+kind = "ratio"
+numerator = "naive"
+denominator = "sdpa"
+expected = [2]
+rounds = {rounds}
+"""
+
+
+def test_a_claims_rounds_are_its_looks(write_suite):
+    suite = load_suite(str(write_suite(SEQUENTIAL.format(rounds="[8, 16, 24, 32]"))), KNOWN)
+    assert suite.claims[0]["rounds"] == [8, 16, 24, 32]
+
+
+@pytest.mark.parametrize("rounds,fragments", [
+    ("[8, 8]", ["claim[0].rounds = [8, 8]", "increasing whole numbers"]),
+    ('"lots"', ["claim[0].rounds = 'lots'", "allowed: a list"]),
+    ("[0, 4]", ["claim[0].rounds = [0, 4]", "1..1000"]),
+    ("[3, 6, 9]", ["claim[0].rounds = [3, 6, 9]", "3 rounds cannot reach the 98.33%"]),
+])
+def test_a_bad_rounds_value_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, rounds,
+                                                    fragments):
+    from attnbench.cli import main
+
+    path = tmp_path / "seq.toml"
+    path.write_text(SEQUENTIAL.format(rounds=rounds))
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--suite", str(path), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "seq.toml" in err and all(f in err for f in fragments), err
+    assert not (tmp_path / "results").exists()
+
+
+def test_rounds_belong_to_ratio_claims_and_one_set_of_looks(write_suite):
+    value = GOOD + ('[[claim]]\ntext = "t"\nkind = "value"\nbackend = "sdpa"\n'
+                    'expected = [1]\nrounds = [8, 16]\n')
+    with pytest.raises(BadInput, match=r"claim\[0\].rounds = \[8, 16\]: only a ratio claim"):
+        load_suite(str(write_suite(value)), KNOWN)
+    two = SEQUENTIAL.format(rounds="[8, 16]") + SEQUENTIAL.format(rounds="[8, 24]")[len(GOOD):]
+    with pytest.raises(BadInput, match="share one set of looks"):
+        load_suite(str(write_suite(two)), KNOWN)

@@ -18,6 +18,11 @@ medians), and the verdict is ``holds`` (the interval inside the range), ``does n
 (outside) or ``inconclusive`` (it straddles a bound, or covers less than 95%). The report
 prints them side by side; over several runs of one suite, ``pooled_table`` gives each claim
 one random-effects estimate beside every run's own.
+
+A ratio claim of timed medians may declare ``rounds = [8, 16, 24, 32]``: the looks of its
+sequential rule (``stats.sequential``). Its pair is timed in rounds until the ratio's
+interval at the rule's per-look confidence (Bonferroni over the looks) excludes a bound or
+the last look is done, and its verdict here uses that same confidence.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from attnbench.core.case import Case
 from attnbench.core.errors import BadInput, shown
 from attnbench.core.where import case_matches, where_mask
 from attnbench.core.where import values as where_values
-from attnbench.stats import intervals, pooling, ratios
+from attnbench.stats import intervals, pooling, ratios, sequential
 from attnbench.stats.fits import exponent_interval
 
 CLAIM_KEYS = ("text", "source", "kind", "metric", "backend", "numerator", "denominator",
-              "where", "numerator_where", "denominator_where", "expected", "scale", "unit")
+              "where", "numerator_where", "denominator_where", "expected", "scale", "unit",
+              "rounds")
+MAX_ROUNDS = 1000  # a claim's budget of paired rounds, at most
 # A ratio whose two sides select different cases (e.g. a window against causal) joins on shape.
 SHAPE = ["batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v", "dtype",
          "mode"]
@@ -96,8 +103,39 @@ def validate_claims(raw, path) -> list[dict]:
                 if not all(isinstance(x, (str, int, float)) for x in where_values(value)):
                     raise BadInput(f"{path}: {where}.{k}.{field} = {shown(value)}: must be a "
                                    f"value or a list of values")
+        if "rounds" in c:
+            _check_rounds(c, f"{path}: {where}.rounds")
         out.append(dict(c))
+    declared = {tuple(c["rounds"]) for c in out if "rounds" in c}
+    if len(declared) > 1:
+        raise BadInput(f"{path}: claim rounds = {' and '.join(map(str, map(list, declared)))}"
+                       f": the claims of one suite share one set of looks (claims timed in "
+                       f"one group need one stopping rule)")
     return out
+
+
+def _check_rounds(claim: dict, where: str) -> None:
+    rounds = claim["rounds"]
+    if claim.get("kind") != "ratio" or not claim.get("expected") or \
+            claim.get("metric", "time_ms_median") != "time_ms_median":
+        raise BadInput(f"{where} = {shown(rounds)}: only a ratio claim of time_ms_median "
+                       f"with an expected range can be decided by sequential rounds")
+    if not (isinstance(rounds, list) and rounds and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in rounds)
+            and rounds[0] >= 1 and rounds[-1] <= MAX_ROUNDS
+            and all(b > a for a, b in zip(rounds, rounds[1:]))):
+        raise BadInput(f"{where} = {shown(rounds)}: allowed: a list of increasing whole "
+                       f"numbers of rounds (the looks), 1..{MAX_ROUNDS}, e.g. [8, 16, 24, 32]")
+    looks = sequential.Looks(tuple(rounds))
+    if not looks.reachable():
+        raise BadInput(f"{where} = {shown(rounds)}: {rounds[0]} rounds cannot reach the "
+                       f"{looks.per_look_confidence:.2%} interval each of {len(rounds)} "
+                       f"looks needs; allowed: a first look of more rounds, or fewer looks")
+
+
+def claim_looks(claim: dict) -> sequential.Looks | None:
+    """The looks of a claim decided by sequential rounds, or None."""
+    return sequential.Looks(tuple(claim["rounds"])) if "rounds" in claim else None
 
 
 def side_matches(claim: dict, side: str, case, backend: str) -> bool:
@@ -132,9 +170,12 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[intervals.Interva
         on = SHAPE if sided else ["key"]
         a = _select(df, where | claim.get("numerator_where", {}), claim["numerator"])
         b = _select(df, where | claim.get("denominator_where", {}), claim["denominator"])
-        j = ratios.join(a, b, on, [metric])
-        return ([ratios.joined_ratio_interval(r, metric) for _, r in j.iterrows()],
-                f"{len(j)} case(s)")
+        j = ratios.join(a, b, on, [metric] + (["claim_rounds", "claim_stop"]
+                                              if "rounds" in claim else []))
+        looks = claim_looks(claim)
+        level = looks.per_look_confidence if looks else intervals.LEVEL
+        measured = [ratios.joined_ratio_interval(r, metric, level) for _, r in j.iterrows()]
+        return measured, f"{len(j)} case(s)" + (_rounds_note(j, looks) if looks else "")
     d = _select(df, where, claim["backend"])
     if kind == "value":
         scale = float(claim.get("scale", 1.0))
@@ -146,15 +187,28 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[intervals.Interva
     return [iv], f"N = {d['seq_q'].min()}..{d['seq_q'].max()}"
 
 
-def verdict(measured: list[intervals.Interval], expected) -> str:
-    """holds / does not hold / inconclusive (an interval straddles a bound), over cases."""
+def _rounds_note(j: pd.DataFrame, looks: sequential.Looks) -> str:
+    """'; sequential: 98.75% intervals (4 looks), 8 rounds (decided)'."""
+    said = []
+    for _, r in j.iterrows():
+        n, stop = r.get("claim_rounds_a"), r.get("claim_stop_a")
+        said.append(f"{int(n)} rounds ({stop})" if isinstance(stop, str) and pd.notna(n)
+                    else "rounds not sequential")
+    return (f"; sequential: {looks.per_look_confidence * 100:.4g}% intervals "
+            f"({len(looks.rounds)} looks), {', '.join(said)}")
+
+
+def verdict(measured: list[intervals.Interval], expected,
+            level: float = intervals.LEVEL) -> str:
+    """holds / does not hold / inconclusive (an interval straddles a bound, or covers less
+    than ``level``), over cases."""
     if not measured:
         return "not measured"
     if not expected:
         return "recorded"
     low = expected[0]
     high = expected[1] if len(expected) > 1 else None
-    each = {intervals.interval_verdict(iv, low, high) for iv in measured}
+    each = {intervals.interval_verdict(iv, low, high, level) for iv in measured}
     if len(each) == 1:
         return each.pop()
     if each == {"holds", "does not hold"}:
@@ -183,8 +237,14 @@ def claims_table(df: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
         rows.append({"claim": c["text"], "source": c.get("source", ""),
                      "expected": f"{exp_text} {unit}".strip(),
                      "measured (95% interval)": f"{measured} {unit}".strip() + f" ({note})",
-                     "verdict": verdict(intervals, exp)})
+                     "verdict": verdict(intervals, exp, claim_level(c))})
     return pd.DataFrame(rows)
+
+
+def claim_level(claim: dict) -> float:
+    """The confidence a claim's verdict needs: its sequential rule's per-look level."""
+    looks = claim_looks(claim)
+    return looks.per_look_confidence if looks else intervals.LEVEL
 
 
 def pooled_table(runs: list[tuple[str, pd.DataFrame, list[dict]]]) -> pd.DataFrame:

@@ -25,6 +25,7 @@ from attnbench.core.record import OPTIONAL_COLUMNS, Record
 from attnbench.core.registry import get_backend
 from attnbench.measure import probe, profiler
 from attnbench.measure.case_cache import CaseCache
+from attnbench.measure.claim_rounds import FINAL_STOPS, ClaimRounds
 from attnbench.measure.memory import peak_memory_bytes
 from attnbench.measure.timing import Timing, TimingBudget, measure_interleaved
 
@@ -247,7 +248,15 @@ def merge_repeats(first: list[Record], repeats: list[list[Record]], budget: Timi
         rec.update(**timing_columns(rec.case, rec.metrics["work_flops"], samples,
                                     "+".join(sorted(set(stops))), readings, budget),
                    processes=1 + len(repeats))
+        if stops[-1] in (*FINAL_STOPS, "claim_share"):  # a sequential claim's pair
+            rec.update(claim_stop=stops[-1], claim_rounds=len(samples))
     return first
+
+
+def claim_settled(records: list[Record]) -> bool:
+    """Whether a process's rounds ended a sequential claim (decided, or its budget spent):
+    no further process is needed for it."""
+    return any(r.info.get("sampling_stop") in FINAL_STOPS for r in records)
 
 
 def group_id(jobs: list[tuple[Case, str]]) -> str:
@@ -277,12 +286,17 @@ def _profile(cand: Candidate, run_dir: str) -> None:
 
 def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: CaseCache,
                   drift: probe.DriftProbe | None = None, progress=lambda: None,
-                  repeat: bool = False, profile_dir: str | None = None) -> list[Record]:
+                  repeat: bool = False, profile_dir: str | None = None,
+                  claim: ClaimRounds | None = None, prior: list[list[float]] | None = None,
+                  until: int | None = None) -> list[Record]:
     """Records for jobs timed together; sample i of every ok record comes from round i.
     ``progress()`` is called after each job's setup and after timing (a heartbeat: the
     isolated worker's parent restarts its per-job timeout on each). ``repeat``: timing only
     (no float64 check, no memory), for pooling with the first process's records.
-    ``profile_dir`` (the run directory): each ok record is profiled after all measuring."""
+    ``profile_dir`` (the run directory): each ok record is profiled after all measuring.
+    ``claim``: the group holds a sequential claim's sides; its rounds go on until the claim
+    is decided, its budget spent or this process's share (``until``) done, counting the
+    earlier processes' rounds (``prior``: their samples, one list per job)."""
     cache.keep_only([c for c, _ in jobs])
     opened = []
     for case, backend in jobs:
@@ -292,9 +306,12 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
     timed = [c for c in opened if isinstance(c, Candidate)]
     if timed:
         device = timed[0].record.case.device
+        rule = None if claim is None else claim.rule(
+            [i for i, c in enumerate(opened) if isinstance(c, Candidate)], prior,
+            until or claim.looks[-1])
         try:
             timings = measure_interleaved([_timed_fn(c) for c in timed], device, budget,
-                                          probe=drift, warm=True)
+                                          probe=drift, warm=True, sequential=rule)
         except Exception as exc:  # a closure failed mid-rounds: time each on its own
             if len(timed) == 1:
                 failure(timed[0].record, exc)

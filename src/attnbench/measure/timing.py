@@ -95,15 +95,26 @@ class Sequential:
     ``decided(samples)`` is asked with every closure's samples so far; rounds go on, past
     the usual precision or budget stop, until it says yes (``stop = "decided"``) or the
     last look is done (``"claim_budget"``). Looks are fixed in advance so the error rate
-    can be split over them."""
+    can be split over them.
+
+    A group timed in several processes carries the earlier processes' samples in
+    ``prior`` (one round-aligned list per closure): looks count pooled rounds, and this
+    process hands over at round ``until`` (a look; ``"claim_share"``) if still undecided."""
 
     looks: tuple[int, ...]
     decided: Callable[[list[list[float]]], bool]
+    prior: tuple[tuple[float, ...], ...] = ()
+    until: int | None = None
 
     def stop(self, rounds: int, timings: list[Timing]) -> str:
-        if rounds in self.looks and self.decided([t.samples_ms for t in timings]):
+        done = min((len(p) for p in self.prior), default=0) + rounds
+        if done in self.looks and self.decided(
+                [list(p) + t.samples_ms for p, t in zip(self.prior or [()] * len(timings),
+                                                         timings)]):
             return "decided"
-        return "claim_budget" if rounds >= self.looks[-1] else ""
+        if done >= self.looks[-1]:
+            return "claim_budget"
+        return "claim_share" if self.until is not None and done >= self.until else ""
 
 
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:

@@ -24,7 +24,8 @@ import torch
 from attnbench.core.case import Case
 from attnbench.core.record import Record
 from attnbench.measure.ceilings import measure_ceilings
-from attnbench.measure.execute import CaseCache, execute_group, merge_repeats
+from attnbench.measure.claim_rounds import ClaimRounds
+from attnbench.measure.execute import CaseCache, claim_settled, execute_group, merge_repeats
 from attnbench.measure.memory import configure_allocator, settle_garbage
 from attnbench.measure.probe import DriftProbe
 from attnbench.measure.timing import TimingBudget
@@ -149,13 +150,14 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
                 ceilings = measure_ceilings(*msg[1:])
             conn.send(ceilings)
             continue
-        _, jobs, budget, repeat = msg
+        _, jobs, budget, repeat, claim, prior, until = msg
         def progress():  # after each job's setup and after timing
             state.restore()
             conn.send(("progress", None))
 
         records = execute_group(jobs, budget, cache, probes.for_jobs(jobs), progress=progress,
-                                repeat=repeat, profile_dir=profile_dir)
+                                repeat=repeat, profile_dir=profile_dir, claim=claim,
+                                prior=prior, until=until)
         settle_garbage()
         state.restore()
         for rec in records:
@@ -163,6 +165,21 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
         conn.send(("done", records))
         if any(rec.info.get("context_lost") for rec in records):
             return  # a poisoned CUDA context: the parent starts a fresh worker
+
+
+def processes_for(budget: TimingBudget, claim: ClaimRounds | None) -> int:
+    """How many processes a group may be timed in (a sequential claim's: one per look at
+    most, and fewer when it is settled early)."""
+    return claim.processes(budget.processes) if claim else budget.processes
+
+
+def pooled_samples(processes: list[list[Record]]) -> list[list[float]] | None:
+    """Each job's samples over the processes so far (round-aligned), for the next one's
+    sequential rule; None before the first."""
+    if not processes:
+        return None
+    return [[x for recs in processes for x in recs[i].info.get("samples_ms", [])]
+            for i in range(len(processes[0]))]
 
 
 class InProcessExecutor:
@@ -174,17 +191,22 @@ class InProcessExecutor:
         self.probes = Probes()
         self.profile_dir = config.profile_dir if config else None
 
-    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
-                  ) -> list[Record]:
+    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float,
+                  claim: ClaimRounds | None = None) -> list[Record]:
         """Repeats (``budget.processes``) run in this same process: without isolation there
         is no fresh process to time them in."""
         share = budget.per_process()
-        first = execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
-                              profile_dir=self.profile_dir)
-        repeats = [execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
-                                 repeat=True) for _ in range(budget.processes - 1)]
+        done: list[list[Record]] = []
+        for i in range(processes_for(budget, claim)):
+            if claim is not None and done and claim_settled(done[-1]):
+                break
+            done.append(execute_group(jobs, share, self.cache, self.probes.for_jobs(jobs),
+                                      profile_dir=None if done else self.profile_dir,
+                                      repeat=bool(done), claim=claim,
+                                      prior=pooled_samples(done),
+                                      until=claim and claim.share_end(i, budget.processes)))
         settle_garbage()
-        return merge_repeats(first, repeats, budget)
+        return merge_repeats(done[0], done[1:], budget)
 
     def ceilings(self, dtypes: list[str], device: str) -> dict:
         return measure_ceilings(dtypes, device)
@@ -253,17 +275,26 @@ class IsolatedExecutor:
         # a crash costs the ceilings, not the run: records go without their fractions
         return {"error": f"ceilings not measured: {why}"}
 
-    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float
-                  ) -> list[Record]:
+    def run_group(self, jobs: list[Job], budget: TimingBudget, timeout_s: float,
+                  claim: ClaimRounds | None = None) -> list[Record]:
         """Records of a group; after a crash or hang of a group of several, each job again
-        on its own, so one bad kernel costs one record."""
+        on its own, so one bad kernel costs one record. ``claim``: the group holds a
+        sequential claim's sides (its rounds go on until it is decided)."""
         share = budget.per_process()
-        status, result = self._send_group(jobs, share, timeout_s)
+        share_end = (lambda i: claim.share_end(i, budget.processes)) if claim else \
+            (lambda i: None)
+        status, result = self._send_group(jobs, share, timeout_s, claim=claim,
+                                          until=share_end(0))
         if status == "done":
             repeats = []
-            for _ in range(budget.processes - 1):  # the same group in fresh processes
+            for i in range(1, processes_for(budget, claim)):  # in fresh processes
+                if claim is not None and claim_settled(repeats[-1] if repeats else result):
+                    break
                 self.close()
-                status, again = self._send_group(jobs, share, timeout_s, repeat=True)
+                status, again = self._send_group(jobs, share, timeout_s, repeat=True,
+                                                 claim=claim,
+                                                 prior=pooled_samples([result, *repeats]),
+                                                 until=share_end(i))
                 if status != "done":
                     break  # keep what the earlier processes measured
                 repeats.append(again)
@@ -294,12 +325,13 @@ class IsolatedExecutor:
             fh.truncate()
         self.log_offset = max(len(note), self.log_offset - (size - len(tail)) + len(note))
 
-    def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False):
+    def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False,
+                    claim: ClaimRounds | None = None, prior=None, until=None):
         self._trim_log()
         if self.proc is None or not self.proc.is_alive():
             self._start()
         try:
-            self.conn.send(("group", jobs, budget, repeat))
+            self.conn.send(("group", jobs, budget, repeat, claim, prior, until))
             while self.conn.poll(timeout_s):  # each heartbeat restarts the per-job limit
                 kind, payload = self.conn.recv()
                 if kind == "done":

@@ -215,6 +215,9 @@ class Report:
                         Para(["Each claim is data in the suite; its measurement comes from the "
                               "run's ok records with a 95% interval ('paired' when both sides "
                               "were timed in the same interleaved rounds, else a bootstrap). "
+                              "A claim decided by sequential rounds uses its stopping rule's "
+                              "wider per-look interval instead, as its row says, so the "
+                              "verdict is the one the rule stopped on. "
                               "'inconclusive': the interval straddles an expected bound."])]
             table = claims_table(run.records.assign(run_id=run.label), claims)
             out.append(Table(table.set_index("claim"), f"Run {run.label}"))

@@ -5,6 +5,8 @@ select different cases (a window against causal), and a comparison paired on sha
 the two sides' groups when their shapes match (claims.SHAPE), so their ratios come from
 paired rounds too. Groups keep the
 order in which the suite lists their first job (sizes rising within a line).
+``claim_rounds`` says which of a group's jobs are the sides of a claim decided by
+sequential sampling (a claim with ``rounds``), for the worker's stopping rule.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from attnbench.analysis.claims import SHAPE, side_matches
 from attnbench.core.case import Case
 from attnbench.core.where import case_matches
+from attnbench.measure.claim_rounds import ClaimRounds
 
 Job = tuple[Case, str]
 
@@ -59,3 +62,23 @@ def job_groups(jobs: list[Job], claims: list[dict] | None = None,
     for job in jobs:
         groups.setdefault(find(job[0].key), []).append(job)
     return list(groups.values())
+
+
+def claim_rounds(jobs: list[Job], claims: list[dict] | None) -> ClaimRounds | None:
+    """The sequential rule of the claims whose two sides are both among ``jobs`` (one
+    pair per case: joined on the case key, or on the shape for sided claims); None when
+    none is. The suite's claims share one set of looks (``claims.validate_claims``)."""
+    sides, looks = [], None
+    for claim in claims or []:
+        if claim.get("kind") != "ratio" or "rounds" not in claim:
+            continue
+        sided = bool({"numerator_where", "denominator_where"} & set(claim))
+        join = _shape if sided else (lambda c: c.key)
+        num = {join(c): i for i, (c, b) in enumerate(jobs)
+               if side_matches(claim, "numerator", c, b)}
+        exp = claim["expected"]
+        for i, (c, b) in enumerate(jobs):
+            if side_matches(claim, "denominator", c, b) and join(c) in num:
+                sides.append((num[join(c)], i, exp[0], exp[1] if len(exp) > 1 else None))
+                looks = tuple(claim["rounds"])
+    return ClaimRounds(looks, tuple(sides)) if sides else None

@@ -21,7 +21,7 @@ from attnbench.measure.ceilings import copy_roof
 from attnbench.measure.execute import one_line
 from attnbench.measure.worker import InProcessExecutor, IsolatedExecutor, WorkerConfig
 from attnbench.runs import environment, rank_folders, record_files, run_folder, sharding
-from attnbench.runs.pairing import job_groups
+from attnbench.runs.pairing import claim_rounds, job_groups
 from attnbench.runs.suite import Suite
 
 WORKER_LOG = record_files.WORKER_LOG
@@ -259,7 +259,8 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
                     skipped.append(Record.new(case, backend, "skipped", reason))
                 else:
                     todo.append((case, backend))
-            done = executor.run_group(todo, suite.timing, suite.timeout_s) if todo else []
+            done = executor.run_group(todo, suite.timing, suite.timeout_s,
+                                      claim_rounds(todo, suite.claims)) if todo else []
             for rec in skipped + done:
                 if rec.status == "oom":
                     oom.note(rec.case, rec.backend)

@@ -38,12 +38,13 @@ def paired(a: Mapping, b: Mapping) -> bool:
     return isinstance(group_a, str) and group_a == group_b and len(sa) == len(sb) > 0
 
 
-def ratio_interval(a: Mapping, b: Mapping, metric: str = SAMPLED) -> intervals.Interval:
-    """``metric`` of record ``a`` over record ``b`` with its 95% interval."""
+def ratio_interval(a: Mapping, b: Mapping, metric: str = SAMPLED,
+                   confidence: float = intervals.LEVEL) -> intervals.Interval:
+    """``metric`` of record ``a`` over record ``b`` with its interval (95% unless told)."""
     sa, sb = samples(a.get("samples_ms")), samples(b.get("samples_ms"))
     if metric == SAMPLED and sa and sb:
-        return intervals.paired_ratio_interval(sa, sb) if paired(a, b) else \
-            intervals.ratio_interval(sa, sb)
+        return intervals.paired_ratio_interval(sa, sb, confidence) if paired(a, b) else \
+            intervals.ratio_interval(sa, sb, confidence)
     value = float(a[metric]) / float(b[metric])
     return intervals.Interval(value, value, value, 1.0, 1, "point")
 
@@ -100,9 +101,10 @@ def side(row: Mapping, suffix: str) -> dict:
     return {k[: -len(suffix)]: v for k, v in row.items() if k.endswith(suffix)}
 
 
-def joined_ratio_interval(row: Mapping, metric: str = SAMPLED) -> intervals.Interval:
+def joined_ratio_interval(row: Mapping, metric: str = SAMPLED,
+                          confidence: float = intervals.LEVEL) -> intervals.Interval:
     """``ratio_interval`` of a row of ``join``: side ``_a`` over side ``_b``."""
-    return ratio_interval(side(row, "_a"), side(row, "_b"), metric)
+    return ratio_interval(side(row, "_a"), side(row, "_b"), metric, confidence)
 
 
 def format_ratio(iv: intervals.Interval, unit: str = "x") -> str:
