@@ -1,15 +1,17 @@
 """The regression gate for pytest-benchmark results, decided as ``attnbench compare`` does.
 
-    python benchmarks/gate.py BASE.json NEW.json [--threshold 0.1] [--alpha 0.05]
+    python benchmarks/gate.py BASE.json NEW.json [--threshold 0.1]
 
-BASE.json and NEW.json are ``--benchmark-json`` files (they hold every round's time). A
-benchmark is ``worse`` only when its rounds differ significantly from the base's
-(Mann-Whitney U, p < alpha) *and* its median is beyond the threshold
-(``attnbench.stats.intervals.compare_samples``): on a shared machine, where the median of an
-unchanged tree moves by 10-30% between sessions, a fixed ``median:5%`` fails on noise, while
-this fails on changes the rounds cannot explain. Prints one line per benchmark that changed
-and a last line with the verdict; exit 0 (no regression), 1 (a regression, or a benchmark of
-the base missing from the new file), 2 (an unreadable file), never a traceback.
+BASE.json and NEW.json are ``--benchmark-json`` files (they hold every round's time). Each
+benchmark gets ``compare``'s answer (``attnbench.stats.intervals.compare_samples``): ``worse``
+or ``better`` only when the 95% interval of new/base medians (bootstrap over the rounds)
+excludes no change and its estimate is beyond the threshold, ``unchanged`` when the interval
+lies within the threshold, ``cannot tell`` otherwise. On a shared machine, where the median
+of an unchanged tree moves by 10-30% between sessions, a fixed ``median:5%`` fails on noise,
+while this fails on changes the rounds cannot explain. Prints one line per benchmark that is
+not ``unchanged`` and a last line with the verdict; exit 0 (no regression), 1 (a regression,
+or a benchmark of the base missing from the new file), 2 (an unreadable file), never a
+traceback.
 """
 
 from __future__ import annotations
@@ -31,25 +33,27 @@ def _load(path: str) -> dict[str, list[float]]:
                          f"pytest --benchmark-json=FILE wrote") from None
 
 
-def gate(base: dict[str, list[float]], new: dict[str, list[float]], threshold: float,
-         alpha: float) -> tuple[list[str], bool]:
+def gate(base: dict[str, list[float]], new: dict[str, list[float]], threshold: float
+         ) -> tuple[list[str], bool]:
     """(lines to print, whether the gate fails)."""
     from attnbench.stats.intervals import compare_samples
-    lines, failed, counts = [], False, {"worse": 0, "better": 0, "unchanged": 0}
+    lines, failed = [], False
+    counts = {"worse": 0, "better": 0, "unchanged": 0, "cannot tell": 0}
     for name, rounds in base.items():
         if name not in new:
             lines.append(f"missing  {name}: in the base, not in the new results")
             failed = True
             continue
-        verdict, iv, p = compare_samples(rounds, new[name], threshold, True, alpha)
+        verdict, iv, p = compare_samples(rounds, new[name], threshold, True)
         counts[verdict] += 1
         if verdict != "unchanged":
-            lines.append(f"{verdict:<8} {name}: new/base median {iv.estimate:.3f} "
+            lines.append(f"{verdict:<11} {name}: new/base median {iv.estimate:.3f} "
                          f"[{iv.low:.3f}, {iv.high:.3f}], p = {p:.3g}")
         failed |= verdict == "worse"
     lines.append(f"gate: {'FAIL' if failed else 'pass'}: {counts['worse']} worse, "
-                 f"{counts['better']} better, {counts['unchanged']} unchanged of {len(base)} "
-                 f"(threshold {threshold:.0%}, p < {alpha})")
+                 f"{counts['better']} better, {counts['unchanged']} unchanged, "
+                 f"{counts['cannot tell']} cannot tell, of {len(base)} (threshold "
+                 f"{threshold:.0%}, 95% intervals)")
     return lines, failed
 
 
@@ -58,14 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("base")
     parser.add_argument("new")
     parser.add_argument("--threshold", type=float, default=0.1)
-    parser.add_argument("--alpha", type=float, default=0.05)
     args = parser.parse_args(argv)
     try:
         base, new = _load(args.base), _load(args.new)
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
-    lines, failed = gate(base, new, args.threshold, args.alpha)
+    lines, failed = gate(base, new, args.threshold)
     print("\n".join(lines))
     return 1 if failed else 0
 
