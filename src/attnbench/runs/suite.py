@@ -504,9 +504,9 @@ def narrow_backends(suite: Suite, names: list[str] | None, device: str) -> Suite
     for sweep in suite.sweeps:
         backends = [b for b in sweep.backends if b in names]
         added = []
-        if sweep.runs_on(device):
-            cases = [c.replace(device=device) for c in sweep.cases()]
-            added = [b for b in unlisted if any(_supports(b, c) for c in cases)]
+        if sweep.runs_on(device) and unlisted:  # lazily: the plan's size is not checked yet
+            added = [b for b in unlisted if any(_supports(b, c.replace(device=device))
+                                                for c in sweep.iter_cases())]
         for b in added:
             joined[b].append(sweep.name)
         if backends or added:
