@@ -355,3 +355,16 @@ def test_a_sequential_claim_stops_when_decided_or_at_its_budget(
     assert table["verdict"][0] == verdict
     assert f"98.75% intervals (4 looks), {rounds} rounds ({stop})" in \
         table["measured (95% interval)"][0]
+
+
+def test_a_narrow_dtype_is_judged_against_the_faster_of_its_matmul_and_float32s():
+    """On a host without native bf16 torch's bf16 matmul ran 110x slower than fp32, while
+    sdpa's bf16 kernels compute in fp32: the bf16 record's roof is the fp32 rate then, and
+    where bf16 is the faster (a GPU, AMX) it stays bf16's; fp32 is never judged by bf16."""
+    from attnbench.measure.ceilings import matmul_roof
+    avx2 = {"matmul_tflops": {"bfloat16": 0.0013, "float32": 0.147}}
+    assert matmul_roof(avx2, "bfloat16") == 0.147
+    amx = {"matmul_tflops": {"bfloat16": 2.05, "float32": 0.32}}
+    assert matmul_roof(amx, "bfloat16") == 2.05
+    assert matmul_roof(amx, "float32") == 0.32
+    assert matmul_roof({"matmul_tflops": {}}, "float16") is None

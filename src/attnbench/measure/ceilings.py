@@ -55,11 +55,26 @@ def copy_gbps(device: str, nbytes: int | None = None) -> float:
     return 2 * nbytes / (t.min_ms * 1e-3) / 1e9
 
 
+# A kernel of a narrower float type may compute in float32 (sdpa's CPU kernels do on hosts
+# without native bf16, where torch's own bf16 matmul ran 110x slower than fp32: sdpa bf16
+# read 35x that "ceiling"), so its roof is the faster of its dtype's matmul and float32's.
+WIDER = {"bfloat16": "float32", "float16": "float32"}
+
+
+def matmul_roof(ceilings: dict, dtype: str) -> float | None:
+    """TFLOP/s a record of ``dtype`` can reach on the run's device: the best measured matmul
+    rate among its dtype and the wider type it may compute in (``WIDER``)."""
+    rates = ceilings.get("matmul_tflops") or {}
+    values = [float(v) for v in (rates.get(dtype), rates.get(WIDER.get(dtype, dtype))) if v]
+    return max(values) if values else None
+
+
 def measure_ceilings(dtypes: list[str], device: str) -> dict:
     sizes = COPY_BYTES.get(torch.device(device).type, COPY_BYTES["cpu"])
     by_bytes = {str(n): copy_gbps(device, n) for n in sizes}
+    wanted = set(dtypes) | {WIDER[d] for d in dtypes if d in WIDER}
     return {
-        "matmul_tflops": {d: matmul_tflops(d, device) for d in sorted(set(dtypes))},
+        "matmul_tflops": {d: matmul_tflops(d, device) for d in sorted(wanted)},
         "copy_gbps": by_bytes[str(sizes[-1])],
         "copy_gbps_by_bytes": by_bytes,  # source bytes -> GB/s of its read + write
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from attnbench.core.dtypes import element_size
+from attnbench.measure.ceilings import matmul_roof
 
 BACKWARD = ("bwd", "fwd_bwd")
 
@@ -55,6 +56,5 @@ def footprint_bytes(r: Mapping) -> float | None:
 
 
 def matmul_ceiling(meta: Mapping, dtype: str) -> float | None:
-    """The run's measured matmul rate for the dtype, TFLOP/s."""
-    value = (meta.get("ceilings") or {}).get("matmul_tflops", {}).get(dtype)
-    return float(value) if value else None
+    """The run's matmul roof for the dtype, TFLOP/s (``ceilings.matmul_roof``)."""
+    return matmul_roof(meta.get("ceilings") or {}, dtype)

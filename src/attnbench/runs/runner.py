@@ -17,7 +17,7 @@ from attnbench.core.case import Case
 from attnbench.core.errors import BadInput
 from attnbench.core.record import FORMAT_VERSION, Record
 from attnbench.measure import probe
-from attnbench.measure.ceilings import copy_roof
+from attnbench.measure.ceilings import copy_roof, matmul_roof
 from attnbench.measure.execute import one_line
 from attnbench.measure.worker import InProcessExecutor, IsolatedExecutor, WorkerConfig
 from attnbench.runs import environment, rank_folders, record_files, run_folder, sharding
@@ -279,7 +279,7 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
 def finish_record(rec: Record, run_id: str, suite: str, env_cols: dict, env_id: str,
                   ceilings: dict) -> dict:
     """Run-level columns, ceiling fractions and the environment: the row written to disk."""
-    peak = ceilings.get("matmul_tflops", {}).get(rec.case.dtype)
+    peak = matmul_roof(ceilings, rec.case.dtype)
     if rec.metrics.get("tflops") is not None and peak:
         rec.update(frac_matmul=rec.metrics["tflops"] / peak)
     bw = copy_roof(ceilings, rec.case.bytes)
