@@ -41,6 +41,7 @@ from attnbench.core import block_layouts
 from attnbench.core.backend import APPROXIMATE, Backend, Capabilities
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.reference import RefResult, chunked_reference
+from attnbench.implementations._cpu_threads import split_work
 from attnbench.implementations.sliding_window import (
     bmm_acc,
     score_grad,
@@ -242,8 +243,10 @@ def _block_forward(q, k, v, plan: BlockPlan, scale: float, chunk_elements: int,
                    save_p: bool):
     """Output (B, Hq, Nq, Dv) and, with ``save_p``, P of every chunk (for the backward).
 
-    Chunk-sized work buffers serve every chunk; each chunk's result goes straight into its
-    slot of the output, laid out in bucket order (each bucket's rows are contiguous there).
+    The (head, chunk) items are shared out over the CPU threads (``split_work``); each
+    thread's chunk-sized work buffers serve all of its chunks, and each chunk's result goes
+    straight into its slot of the output, laid out in bucket order (each bucket's rows are
+    contiguous there).
     """
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
@@ -251,26 +254,31 @@ def _block_forward(q, k, v, plan: BlockPlan, scale: float, chunk_elements: int,
     qs = _query_blocks(q, plan, Hkv)  # (B*Hkv, G, nqb, b, D)
     kb, vb = _key_blocks(k, plan), _key_blocks(v, plan)  # (B*Hkv, nkb, b, D|Dv)
     chunks = _chunk_list(plan, G, chunk_elements)
-    most = max(((r1 - r0) * bk.kmax for bk, r0, r1, _, _ in chunks), default=0)  # key blocks
-    k_buf, v_buf = q.new_empty(most, b, D), q.new_empty(most, b, Dv)
-    bufs = work_buffers(q, most * G * b * b)
-    p_buf = None if save_p else q.new_empty(most * G * b * b)
     o = q.new_empty(B * Hkv, nqb, G * b, Dv)  # (B*Hkv, nqb, G*b, Dv)
-    probs = []
-    for h in range(B * Hkv):
-        for chunk in chunks:
+    items = [(h, chunk) for h in range(B * Hkv) for chunk in chunks]
+    probs: list = [None] * len(items) if save_p else []
+
+    def work(lo: int, hi: int) -> None:  # each thread: buffers for its own largest chunk
+        most = max((c[2] - c[1]) * c[0].kmax for _, c in items[lo:hi])  # key blocks
+        k_buf, v_buf = q.new_empty(most, b, D), q.new_empty(most, b, Dv)
+        bufs = work_buffers(q, most * G * b * b)
+        p_buf = None if save_p else q.new_empty(most * G * b * b)
+        for i in range(lo, hi):
+            h, chunk = items[i]
             bucket, r0, r1, pos, _ = chunk
             n, m = r1 - r0, (r1 - r0) * bucket.kmax
             kc = _gather(kb, h, chunk, k_buf[:m])  # (n, kmax*b, D) gathered keys
             vc = _gather(vb, h, chunk, v_buf[:m])  # (n, kmax*b, Dv) gathered values
             shape = (n, G * b, bucket.kmax * b)  # (n, G*b, kmax*b)
             p_out = q.new_empty(shape) if save_p else p_buf[:m * G * b * b].view(shape)
-            # softmax(scale * q k^T + bias); the bias hides padding keys (None: nothing to hide)
+            # softmax(scale * q k^T + bias); the bias hides padding keys (None: nothing)
             p = softmax_probs(_rows(qs, h, chunk), kc.transpose(1, 2), _bias(chunk), scale,
                               bufs, p_out)
             torch.bmm(p, vc, out=o[h, pos:pos + n])  # (n, G*b, Dv)
             if save_p:
-                probs.append(p)
+                probs[i] = p
+
+    split_work(work, len(items), q.device)
     o[:, nqb - plan.n_empty:].zero_()  # query blocks that see no key output 0
     return _from_rows(o, plan, B, Hq, Nq), probs
 
@@ -292,18 +300,22 @@ def _block_backward(q, k, v, probs, do, plan: BlockPlan, scale: float, chunk_ele
     dk = q.new_zeros(B * Hkv, nkb, b, D, dtype=acc)  # (B*Hkv, nkb, b, D)
     dv = q.new_zeros(B * Hkv, nkb, b, Dv, dtype=acc)  # (B*Hkv, nkb, b, Dv)
     dq = q.new_empty(B * Hkv, nqb, G * b, D)  # (B*Hkv, nqb, G*b, D) bucket order
-    chunks, saved = _chunk_list(plan, G, chunk_elements), iter(probs)
-    for h in range(B * Hkv):
-        for chunk in chunks:
-            bucket, r0, r1, pos, _ = chunk
-            idx = bucket.flat_idx[r0 * bucket.kmax:r1 * bucket.kmax]  # (n*kmax,)
-            p, doc = next(saved), _rows(dos, h, chunk)  # (n, G*b, kmax*b), (n, G*b, Dv)
-            vc = _gather(vb, h, chunk)  # (n, kmax*b, Dv)
-            dv[h].index_add_(0, idx, bmm_acc(p.transpose(1, 2), doc).view(-1, b, Dv))
-            ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n, G*b, kmax*b)
-            bmm_acc(ds, _gather(kb, h, chunk), out=dq[h, pos:pos + r1 - r0])  # (n, G*b, D)
-            dk_c = bmm_acc(ds.transpose(1, 2), _rows(qs, h, chunk))  # (n, kmax*b, D)
-            dk[h].index_add_(0, idx, dk_c.view(-1, b, D))
+    chunks = _chunk_list(plan, G, chunk_elements)
+
+    def work(h0: int, h1: int) -> None:  # whole K/V heads: dk[h], dv[h] have one writer
+        for h in range(h0, h1):
+            for ci, chunk in enumerate(chunks):
+                bucket, r0, r1, pos, _ = chunk
+                idx = bucket.flat_idx[r0 * bucket.kmax:r1 * bucket.kmax]  # (n*kmax,)
+                p = probs[h * len(chunks) + ci]  # (n, G*b, kmax*b), saved by the forward
+                doc, vc = _rows(dos, h, chunk), _gather(vb, h, chunk)  # (n,G*b,Dv) (n,kmax*b,Dv)
+                dv[h].index_add_(0, idx, bmm_acc(p.transpose(1, 2), doc).view(-1, b, Dv))
+                ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n,G*b,kmax*b)
+                bmm_acc(ds, _gather(kb, h, chunk), out=dq[h, pos:pos + r1 - r0])  # (n,G*b,D)
+                dk_c = bmm_acc(ds.transpose(1, 2), _rows(qs, h, chunk))  # (n, kmax*b, D)
+                dk[h].index_add_(0, idx, dk_c.view(-1, b, D))
+
+    split_work(work, B * Hkv, q.device)
     dq[:, nqb - plan.n_empty:].zero_()  # query blocks that see no key
     dk = dk.flatten(1, 2)[:, :Nk].to(k.dtype).view(k.shape)  # (B, Hkv, Nk, D)
     dv = dv.flatten(1, 2)[:, :Nk].to(v.dtype).view(v.shape)  # (B, Hkv, Nk, Dv)

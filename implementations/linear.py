@@ -34,6 +34,7 @@ from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import allowed_rows
 from attnbench.core.reference import RefResult, chunked_reference
+from attnbench.implementations._cpu_threads import split_work
 
 FEATURE_MAPS = ("elu", "favor")
 CHUNK = 64  # keys per chunk of the causal prefix sum
@@ -242,26 +243,30 @@ def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf):
     out = qc.new_empty(B, Hq, Nq, Dv)
     o3 = out.view(B * Hq, Nq, Dv)
     rows = max(1, buf // Fd)
-    fbuf, tbuf = qc.new_empty(rows, Fd), qc.new_empty(rows, Fd)  # phi of a block, scratch
-    ebuf = qc.new_empty(rows, 1)  # per-row norms (keys) or maxima (queries)
-    dbuf = qc.new_empty(rows)  # phi(Q) z of a block
     tiny = torch.finfo(qc.dtype).tiny
-    for h in range(B * Hkv):
-        s, z = _key_state(k3[h], v3[h], proj_s, half_scale, min(rows, Nk) or 1,
-                          (fbuf, tbuf, ebuf))
-        for i in range(h * G, (h + 1) * G):
-            for r0 in range(0, Nq, rows):
-                r1 = min(Nq, r0 + rows)
-                f, x, o = fbuf[:r1 - r0], q3[i, r0:r1], o3[i, r0:r1]  # (R, F), (R, D), (R, Dv)
-                if proj_s is None:
-                    elu1_into(x, f, tbuf[:r1 - r0])
-                else:  # the row's own maximum is its shift (feature_fn)
-                    torch.mm(x, proj_s.T, out=f)
-                    f.sub_(torch.amax(f, dim=-1, keepdim=True, out=ebuf[:r1 - r0])).exp_()
-                torch.mm(f, s, out=o)  # (R, Dv) numerator
-                d = torch.mv(f, z, out=dbuf[:r1 - r0])  # (R,) denominator
-                # phi > 0, so d == 0 only where the numerator is 0 (no keys): 0 / tiny = 0
-                o.div_(d.clamp_(min=tiny).unsqueeze(1))
+
+    def work(h0: int, h1: int) -> None:  # K/V heads [h0, h1) and their query heads
+        fbuf, tbuf = qc.new_empty(rows, Fd), qc.new_empty(rows, Fd)  # phi of a block, scratch
+        ebuf = qc.new_empty(rows, 1)  # per-row norms (keys) or maxima (queries)
+        dbuf = qc.new_empty(rows)  # phi(Q) z of a block
+        for h in range(h0, h1):
+            s, z = _key_state(k3[h], v3[h], proj_s, half_scale, min(rows, Nk) or 1,
+                              (fbuf, tbuf, ebuf))
+            for i in range(h * G, (h + 1) * G):
+                for r0 in range(0, Nq, rows):
+                    r1 = min(Nq, r0 + rows)
+                    f, x, o = fbuf[:r1 - r0], q3[i, r0:r1], o3[i, r0:r1]  # (R,F) (R,D) (R,Dv)
+                    if proj_s is None:
+                        elu1_into(x, f, tbuf[:r1 - r0])
+                    else:  # the row's own maximum is its shift (feature_fn)
+                        torch.mm(x, proj_s.T, out=f)
+                        f.sub_(torch.amax(f, dim=-1, keepdim=True, out=ebuf[:r1 - r0])).exp_()
+                    torch.mm(f, s, out=o)  # (R, Dv) numerator
+                    d = torch.mv(f, z, out=dbuf[:r1 - r0])  # (R,) denominator
+                    # phi > 0, so d == 0 only where the numerator is 0 (no keys): 0 / tiny = 0
+                    o.div_(d.clamp_(min=tiny).unsqueeze(1))
+
+    split_work(work, B * Hkv, qc.device)
     return out  # (B, Hq, Nq, Dv)
 
 
@@ -295,29 +300,33 @@ def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
     q3 = qc.reshape(B * Hq, N, D)
     out = qc.new_empty(B, Hq, N, Dv)
     o3 = out.view(B * Hq, nc, C, Dv)
-    fk, fq, tmp = (qc.new_empty(N, Fd) for _ in range(3))  # phi(K), phi(Q), scratch
-    a = qc.new_empty(nc, C, C)  # intra-chunk products
     later = torch.ones(C, C, dtype=torch.bool, device=qc.device).triu_(1)  # key > query
-    den = qc.new_empty(nc, C)
     tiny = torch.finfo(qc.dtype).tiny
-    for h in range(B * Hkv):
-        _phi_head(k3[h], proj_s, half_scale, fk, tmp, keys=True)
-        fkc, vch = fk.view(nc, C, Fd), v3[h].view(nc, C, Dv)
-        s = torch.bmm(fkc.transpose(1, 2), vch)  # (nc, F, Dv) per chunk
-        for c in range(1, nc):  # inclusive prefix sum; cumsum over the outer dim ran at
-            s[c].add_(s[c - 1])  # 14 ns an element here, 36% of the call
-        z = fkc.sum(dim=1).cumsum_(0).unsqueeze(-1)  # (nc, F, 1) inclusive
-        for i in range(h * G, (h + 1) * G):
-            _phi_head(q3[i], proj_s, half_scale, fq, tmp, keys=False)
-            fqc, o = fq.view(nc, C, Fd), o3[i]  # (nc, C, F), (nc, C, Dv)
-            torch.bmm(fqc, fkc.transpose(1, 2), out=a).masked_fill_(later, 0.0)
-            torch.bmm(a, vch, out=o)  # keys of the own chunk
-            torch.sum(a, dim=-1, out=den)
-            if nc > 1:  # keys of earlier chunks
-                o[1:].baddbmm_(fqc[1:], s[:-1])
-                den[1:].unsqueeze(-1).baddbmm_(fqc[1:], z[:-1])
-            # phi > 0: den == 0 only where the numerator is 0 too
-            o.div_(den.clamp_(min=tiny).unsqueeze(-1))
+
+    def work(h0: int, h1: int) -> None:  # K/V heads [h0, h1) and their query heads
+        fk, fq, tmp = (qc.new_empty(N, Fd) for _ in range(3))  # phi(K), phi(Q), scratch
+        a = qc.new_empty(nc, C, C)  # intra-chunk products
+        den = qc.new_empty(nc, C)
+        for h in range(h0, h1):
+            _phi_head(k3[h], proj_s, half_scale, fk, tmp, keys=True)
+            fkc, vch = fk.view(nc, C, Fd), v3[h].view(nc, C, Dv)
+            s = torch.bmm(fkc.transpose(1, 2), vch)  # (nc, F, Dv) per chunk
+            for c in range(1, nc):  # inclusive prefix sum; cumsum over the outer dim ran
+                s[c].add_(s[c - 1])  # at 14 ns an element here, 36% of the call
+            z = fkc.sum(dim=1).cumsum_(0).unsqueeze(-1)  # (nc, F, 1) inclusive
+            for i in range(h * G, (h + 1) * G):
+                _phi_head(q3[i], proj_s, half_scale, fq, tmp, keys=False)
+                fqc, o = fq.view(nc, C, Fd), o3[i]  # (nc, C, F), (nc, C, Dv)
+                torch.bmm(fqc, fkc.transpose(1, 2), out=a).masked_fill_(later, 0.0)
+                torch.bmm(a, vch, out=o)  # keys of the own chunk
+                torch.sum(a, dim=-1, out=den)
+                if nc > 1:  # keys of earlier chunks
+                    o[1:].baddbmm_(fqc[1:], s[:-1])
+                    den[1:].unsqueeze(-1).baddbmm_(fqc[1:], z[:-1])
+                # phi > 0: den == 0 only where the numerator is 0 too
+                o.div_(den.clamp_(min=tiny).unsqueeze(-1))
+
+    split_work(work, B * Hkv, qc.device)
     return out  # (B, Hq, N, Dv)
 
 

@@ -11,8 +11,9 @@ hides, then softmax and a second batched matmul. In a span-relative column ``c``
 test ``a <= c <= a + L + R`` (``a`` the row inside its block) is the same for every block,
 so all interior blocks share one small bias; only the blocks at the ends have their own.
 
-The work goes in cache-sized chunks of blocks, one K/V head at a time; chunk-sized work
-buffers serve every chunk. Work is ``Nq * (Bq + L + R) * (D + Dv)`` multiply-adds; memory
+The work goes in cache-sized chunks of blocks, one K/V head at a time, shared out over
+the CPU threads by ``split_work`` (one parallel region per call, as a fused kernel has, not
+one per op); each thread's chunk-sized work buffers serve all of its chunks. Work is ``Nq * (Bq + L + R) * (D + Dv)`` multiply-adds; memory
 is the output plus the chunk buffers in the forward, and O(N * W) saved probabilities
 under autograd: linear in N for a fixed window either way. GQA folds the ``G`` query heads
 that share a K/V head into the rows of a block, so K/V are never repeated. Rows that see
@@ -42,6 +43,7 @@ from torch.autograd.function import once_differentiable
 from attnbench.core.backend import Backend, Capabilities
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import INF
+from attnbench.implementations._cpu_threads import split_work
 
 
 def _query_block(left: int, right: int) -> int:
@@ -314,8 +316,9 @@ def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
                     chunk_elements: int, save_p: bool):
     """Output (B, Hq, Nq, Dv) and, with ``save_p``, P (B*Hkv*nb, G*Bq, W) for the backward.
 
-    Chunk-sized work buffers serve every chunk (no allocation, and no page faults, per
-    chunk) and each chunk's result goes straight into the output.
+    The chunks are shared out over the CPU threads (``split_work``); each thread's
+    chunk-sized work buffers serve all of its chunks (no allocation, and no page faults,
+    per chunk) and each chunk's result goes straight into the output.
     """
     B, Hq, Nq, _ = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
@@ -323,17 +326,22 @@ def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
     qs = _query_blocks(q, plan, Hkv)  # (B*Hkv, G, nb, Bq, D)
     per = _blocks_per_chunk(plan, G, chunk_elements)
     chunk = min(per, nb) * G * bq * w  # scores in the largest chunk
-    bufs = work_buffers(q, chunk)
     o = q.new_empty(B * Hkv * nb, G * bq, Dv)  # (B*Hkv*nb, G*Bq, Dv)
     p_all = q.new_empty(B * Hkv * nb, G * bq, w) if save_p else None  # (B*Hkv*nb, G*Bq, W)
-    p_buf = None if save_p else q.new_empty(chunk)
-    for h, b0, b1, kc, vc in _chunks(k, v, plan, bias, per):
-        rows = slice(h * nb + b0, h * nb + b1)
-        n = b1 - b0
-        p_out = p_all[rows] if save_p else p_buf[:n * G * bq * w].view(n, G * bq, w)
-        # softmax(scale * q k^T + bias); the bias is 0 or a huge negative.
-        p = softmax_probs(_rows(qs, h, b0, b1), kc, bias.of(b0, b1), scale, bufs, p_out)
-        torch.bmm(p, vc, out=o[rows])  # (n, G*Bq, Dv)
+    chunks = list(_chunks(k, v, plan, bias, per))
+
+    def work(lo: int, hi: int) -> None:
+        bufs = work_buffers(q, chunk)
+        p_buf = None if save_p else q.new_empty(chunk)
+        for h, b0, b1, kc, vc in chunks[lo:hi]:
+            rows = slice(h * nb + b0, h * nb + b1)
+            n = b1 - b0
+            p_out = p_all[rows] if save_p else p_buf[:n * G * bq * w].view(n, G * bq, w)
+            # softmax(scale * q k^T + bias); the bias is 0 or a huge negative.
+            p = softmax_probs(_rows(qs, h, b0, b1), kc, bias.of(b0, b1), scale, bufs, p_out)
+            torch.bmm(p, vc, out=o[rows])  # (n, G*Bq, Dv)
+
+    split_work(work, len(chunks), q.device)
     o = _from_rows(o, plan, B, Hq, plan.padded_q)  # (B, Hq, nb*Bq, Dv)
     if bias.keep is not None:
         o = o * bias.keep.to(o.dtype)  # rows that see no key output 0
@@ -360,14 +368,21 @@ def _window_backward(q, k, v, p_all, do, plan: WindowPlan, bias: WindowBias, sca
     dk = q.new_zeros(B * Hkv, span_blocks, bq, D, dtype=acc)  # (B*Hkv, span_blocks, Bq, D)
     dv = q.new_zeros(B * Hkv, span_blocks, bq, Dv, dtype=acc)  # (B*Hkv, span_blocks, Bq, Dv)
     dq = q.new_empty(B * Hkv * nb, G * bq, D)  # (B*Hkv*nb, G*Bq, D)
-    for h, b0, b1, kc, vc in _chunks(k, v, plan, bias, _blocks_per_chunk(plan, G,
-                                                                          chunk_elements)):
-        rows = slice(h * nb + b0, h * nb + b1)
-        p, doc = p_all[rows], _rows(dos, h, b0, b1)  # (n, G*Bq, W), (n, G*Bq, Dv)
-        _add_spans(dv[h], b0, bmm_acc(p.transpose(1, 2), doc))  # (n, W, Dv)
-        ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n, G*Bq, W)
-        bmm_acc(ds, kc.transpose(1, 2), out=dq[rows])  # (n, G*Bq, D)
-        _add_spans(dk[h], b0, bmm_acc(ds.transpose(1, 2), _rows(qs, h, b0, b1)))  # (n,W,D)
+    by_head: dict[int, list] = {}
+    for c in _chunks(k, v, plan, bias, _blocks_per_chunk(plan, G, chunk_elements)):
+        by_head.setdefault(c[0], []).append(c)
+    heads = list(by_head.values())
+
+    def work(lo: int, hi: int) -> None:  # whole K/V heads: dk[h], dv[h] have one writer
+        for h, b0, b1, kc, vc in (c for chunks in heads[lo:hi] for c in chunks):
+            rows = slice(h * nb + b0, h * nb + b1)
+            p, doc = p_all[rows], _rows(dos, h, b0, b1)  # (n, G*Bq, W), (n, G*Bq, Dv)
+            _add_spans(dv[h], b0, bmm_acc(p.transpose(1, 2), doc))  # (n, W, Dv)
+            ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n, G*Bq, W)
+            bmm_acc(ds, kc.transpose(1, 2), out=dq[rows])  # (n, G*Bq, D)
+            _add_spans(dk[h], b0, bmm_acc(ds.transpose(1, 2), _rows(qs, h, b0, b1)))
+
+    split_work(work, len(heads), q.device)
     return _from_rows(dq, plan, B, Hq, Nq), _span_keys(dk, plan, k), _span_keys(dv, plan, v)
 
 

@@ -1,0 +1,113 @@
+"""split_work: the blocked backends' coarse-grained CPU threads (implementations/_cpu_threads)."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+from attnbench.core.case import Case
+from attnbench.core.registry import get_backend
+from attnbench.implementations import _cpu_threads
+from attnbench.implementations._cpu_threads import ranges, split_work
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n, parts", [(0, 2), (1, 2), (7, 2), (8, 3), (3, 5), (100, 7)])
+def test_ranges_cover_every_item_once_in_balanced_contiguous_parts(n, parts):
+    cut = ranges(n, parts)
+    items = [i for lo, hi in cut for i in range(lo, hi)]
+    assert items == list(range(n))
+    sizes = [hi - lo for lo, hi in cut]
+    assert len(cut) == max(1, min(parts, n)) and max(sizes) - min(sizes) <= 1
+
+
+def test_split_work_runs_each_range_once_on_its_own_thread_single_threaded(two_threads):
+    seen = []
+
+    def work(lo, hi):
+        seen.append((lo, hi, threading.get_ident(), torch.get_num_threads(),
+                     torch.is_grad_enabled()))
+
+    split_work(work, 9, "cpu")
+    assert sorted((lo, hi) for lo, hi, *_ in seen) == [(0, 5), (5, 9)]
+    assert len({ident for _, _, ident, _, _ in seen}) == 2  # two threads
+    assert all(t == 1 and not grad for *_, t, grad in seen)  # ops on the caller's thread
+    assert torch.get_num_threads() == 2  # restored
+
+
+def test_one_thread_or_one_item_is_one_plain_call(two_threads):
+    calls = []
+    split_work(lambda lo, hi: calls.append((lo, hi, torch.get_num_threads())), 1, "cpu")
+    torch.set_num_threads(1)
+    split_work(lambda lo, hi: calls.append((lo, hi, torch.get_num_threads())), 6, "cpu")
+    assert calls == [(0, 1, 2), (0, 6, 1)]
+
+
+def test_an_error_in_a_range_is_raised_after_every_range_ended_and_threads_are_restored(
+        two_threads):
+    finished = []
+
+    def work(lo, hi):
+        if lo == 0:
+            raise ValueError("range 0 failed")
+        finished.append(lo)
+
+    with pytest.raises(ValueError, match="range 0 failed"):
+        split_work(work, 4, "cpu")
+    assert finished == [2] and torch.get_num_threads() == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_a_pool_of_its_own(two_threads):
+    split_work(lambda lo, hi: None, 2, "cpu")  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # the child: the inherited pool has no threads; a new one must serve
+        done = []
+        split_work(lambda lo, hi: done.append(lo), 2, "cpu")
+        os._exit(0 if sorted(done) == [0, 1] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _cpu_threads._pool_pid == os.getpid()
+
+
+CASES = [
+    ("sliding_window", dict(mask="window(40,3)", heads_q=4, heads_kv=2)),
+    ("block_sparse", dict(mask="block_sparse(bigbird)", block_size=16)),
+    ("linear", dict(mask="none", feature_map="elu")),
+    ("linear", dict(mask="causal", feature_map="favor")),
+]
+
+
+@pytest.mark.parametrize("name, knobs", CASES, ids=[f"{n}-{k['mask']}" for n, k in CASES])
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+def test_outputs_and_gradients_do_not_depend_on_the_thread_count(name, knobs, mode):
+    """The work is shared out by ranges that never write the same element, so two threads
+    compute what one does (each op runs single-threaded either way)."""
+    kwargs = dict(batch=2, heads_q=4, heads_kv=4, seq_q=256, seq_k=256, head_dim=32,
+                  head_dim_v=32, mode=mode) | knobs
+    case = Case(**kwargs)
+    backend = get_backend(name)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            inputs = case.make_inputs()
+            q, k, v = (t.detach().requires_grad_(mode != "fwd")
+                       for t in (inputs.q, inputs.k, inputs.v))
+            fn = backend.build(case, inputs)
+            out = fn(q, k, v)
+            grads = torch.autograd.grad(out, (q, k, v), inputs.grad_out) if mode != "fwd" else ()
+            results.append((out.detach(), *grads))
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(*results):
+        torch.testing.assert_close(two, one, rtol=1e-6, atol=1e-6)
