@@ -14,12 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import torch
-
 from attnbench.core.case import Case
 from attnbench.core.dtypes import element_size
 from attnbench.core.errors import BadInput
-from attnbench.measure.timing import TimingBudget
+from attnbench.measure.budget import TimingBudget
 from attnbench.runs.suite import Suite
 
 MAX_PAIRS = 100_000
@@ -42,6 +40,8 @@ def input_bytes(case: Case) -> int:
 
 
 def device_memory_bytes(device: str) -> int | None:
+    import torch  # here: a plan's size is checked before torch is imported
+
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(dev).total_memory
