@@ -251,3 +251,21 @@ def test_a_plan_too_large_on_one_device_only_waits_for_the_device(capsys, tmp_pa
     assert main(["run", "--suite", "s.toml", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "plan: 1 (case, backend) pairs over 1 cases" in out and "refused" not in out
+
+
+def test_a_dry_run_does_not_estimate_a_plan_whose_inputs_cannot_fit(capsys, tmp_path,
+                                                                    monkeypatch):
+    # The fuzz test's hang: seq_len 2**62 with additive, whose chunk planning loops over
+    # every row; the estimate asked it. Refused for memory, such a plan is not estimated.
+    import attnbench.runs.plan as plan_module
+
+    def estimated(*args, **kwargs):
+        raise AssertionError("a plan that cannot fit was estimated")
+
+    monkeypatch.setattr(plan_module, "estimate", estimated)
+    text = BASE.replace('["naive"]', '["naive", "additive"]').replace(
+        "seq_len = [16]", f"seq_len = {2**62}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(text)
+    assert main(["run", "--suite", "s.toml", "--dry-run"]) == 0
+    assert "would be refused without --force: the inputs of" in capsys.readouterr().out

@@ -120,15 +120,19 @@ def pair_cost_s(case: Case, timing: TimingBudget, work_flops: float | None = Non
 def make_plan(suite: Suite, jobs: list[tuple[Case, str]], device: str,
               history: Path | None = None, measure: bool = False) -> Plan:
     """The plan; its time from ``estimate`` when ``history`` (a results folder) is given or
-    ``measure`` allows measuring the matmul rate, else the suite's budgets alone."""
+    ``measure`` allows measuring the matmul rate, else the suite's budgets alone. A plan
+    whose inputs exceed the device's memory is refused: it is not estimated (the estimate
+    asks every backend about every case, and planning a case of 2**62 tokens never ends)."""
     cases = {c.key: c for c, _ in jobs}
     largest = max(cases.values(), key=input_bytes, default=None)
-    if history is not None or measure:
+    largest_bytes = input_bytes(largest) if largest else 0
+    memory = device_memory_bytes(device)
+    fits = not (memory and largest_bytes > memory)
+    if (history is not None or measure) and fits:
         seconds, assumed = estimate(suite, jobs, device, history)
     else:
         seconds, assumed = pair_budget_s(suite.timing) * len(jobs), ""
-    return Plan(len(jobs), len(cases), seconds, largest,
-                input_bytes(largest) if largest else 0, device_memory_bytes(device), assumed)
+    return Plan(len(jobs), len(cases), seconds, largest, largest_bytes, memory, assumed)
 
 
 # ---- the estimate: per-call times from measured rates, calibrated by an earlier run ------
