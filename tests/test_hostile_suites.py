@@ -269,3 +269,21 @@ def test_a_dry_run_does_not_estimate_a_plan_whose_inputs_cannot_fit(capsys, tmp_
     (tmp_path / "s.toml").write_text(text)
     assert main(["run", "--suite", "s.toml", "--dry-run"]) == 0
     assert "would be refused without --force: the inputs of" in capsys.readouterr().out
+
+
+def test_auto_is_refused_before_the_device_is_resolved_where_every_device_is_too_large(
+        capsys, tmp_path, monkeypatch):
+    # One huge sweep for CPUs only: on CUDA no sweep runs, so the plan is too large wherever
+    # it runs, and is refused before the backends and the device are resolved (torch).
+    import attnbench.runs.overrides as overrides
+
+    def resolved(*args, **kwargs):
+        raise AssertionError("resolved before the size was checked")
+
+    monkeypatch.setattr(overrides, "finish_selection", resolved)
+    text = HUGE.format(batch=list(range(1, 1001)), seed=list(range(1000))).replace(
+        "[axes]", "[[sweep]]\ndevices = [\"cpu\"]\n[sweep.axes]").replace(
+        'backends = ["naive"]\n', "").replace("[[sweep]]\n", '[[sweep]]\nbackends = ["naive"]\n')
+    code, err = answer(capsys, tmp_path, monkeypatch, text)
+    assert code == 2 and "at least 1000000 pairs exceed" in one_line(err)
+

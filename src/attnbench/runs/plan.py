@@ -56,8 +56,14 @@ def device_memory_bytes(device: str) -> int | None:
 
 def size_problem(suite: Suite, device: str) -> str | None:
     """The refusal of a plan too large, read from the lengths of its axes (nothing expanded,
-    so a suite of millions of pairs is refused in milliseconds); None when it may fit."""
-    low, _ = suite.pair_bounds(device)
+    so a suite of millions of pairs is refused in milliseconds); None when it may fit.
+    ``device`` may be a request not yet resolved (``auto``: resolving it imports torch): the
+    bound is then the least over the device types it may be that some sweep runs on, so a
+    plan refused here is refused wherever it would run."""
+    from attnbench.runs.overrides import device_types
+
+    kinds = [k for k in device_types(device) if any(s.runs_on(k) for s in suite.sweeps)]
+    low = min((suite.pair_bounds(k)[0] for k in kinds), default=0)
     if low > MAX_PAIRS:
         return f"at least {low} pairs exceed the limit of {MAX_PAIRS}"
     return None
