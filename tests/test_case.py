@@ -77,3 +77,15 @@ def test_inputs_are_deterministic_across_dtypes():
 def test_invalid_cases_say_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Case(**kwargs)
+
+
+def test_dtype_names_and_sizes_match_torch():
+    # dtypes.py holds names and element sizes as data (a suite loads without torch): the
+    # table must say what torch says.
+    from attnbench.core.dtypes import DTYPES, dtype_name, element_size, torch_dtype
+
+    for name, size in DTYPES.items():
+        assert torch_dtype(name) == getattr(torch, name)
+        assert element_size(name) == torch_dtype(name).itemsize == size
+        assert dtype_name(torch_dtype(name)) == name
+    assert element_size("bf16") == 2

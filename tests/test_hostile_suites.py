@@ -174,3 +174,116 @@ def test_the_package_loads_without_torch():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "attnbench.core.case.Case" in proc.stdout
+
+
+# The done-when "a 3-million-pair suite is refused in under 2 seconds" is about the whole
+# process: torch, scipy.stats and pandas cost about 3 s of imports here, so the path up to the
+# refusal must load none of them. Asserted on what was imported, never on wall time.
+PROBE = """
+import sys
+from attnbench.cli import main
+code = main(sys.argv[1:])
+heavy = [m for m in ("torch", "scipy.stats", "pandas") if m in sys.modules]
+print("loaded:", ",".join(heavy) or "none")
+sys.exit(code)
+"""
+THREE_MILLION = HUGE.format(batch=list(range(1, 3001)), seed=list(range(1000)))
+
+
+@pytest.mark.parametrize("args, code, stream, message", [
+    ((), 2, "err", "plan refused: at least 3000000 pairs exceed the limit of 100000"),
+    (("--dry-run",), 0, "out",
+     "plan: would be refused without --force: at least 3000000 pairs exceed the limit"),
+    (("--device", "cpu", "--backends", "naive"), 2, "err", "at least 3000000 pairs exceed"),
+    (("--device", "cuda", "--dry-run"), 0, "out", "at least 3000000 pairs exceed"),
+])
+def test_a_huge_plan_is_refused_before_torch_pandas_or_scipy_load(tmp_path, args, code,
+                                                                  stream, message):
+    import subprocess
+    import sys
+
+    (tmp_path / "s.toml").write_text(THREE_MILLION)
+    proc = subprocess.run([sys.executable, "-c", PROBE, "run", "--suite", "s.toml", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "loaded: none", proc.stdout
+    said = one_line(proc.stderr.strip()) if stream == "err" else proc.stdout
+    assert message in said
+    if stream == "out":
+        assert proc.stderr == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]  # nothing written
+
+
+def test_backend_names_are_still_checked_when_the_plan_is_not_refused(capsys, tmp_path,
+                                                                      monkeypatch):
+    # Names are checked after the size (the registry imports every implementation): a plan
+    # that may run has every name checked, the comparisons' too.
+    text = BASE.replace('backends = ["naive"]', 'backends = ["naive", "flashy"]')
+    code, err = answer(capsys, tmp_path, monkeypatch, text, "--dry-run")
+    assert code == 2 and "s.toml: backends = 'flashy': unknown backend; allowed:" in one_line(err)
+    text = BASE + '[[comparison]]\nname = "c"\nbaseline = "naive"\nbackends = ["fastest"]\n'
+    code, err = answer(capsys, tmp_path, monkeypatch, text, "--dry-run")
+    assert code == 2 and "comparison[0].backends = 'fastest': unknown backend" in one_line(err)
+
+
+def test_a_huge_plan_with_an_unknown_backend_is_never_run(capsys, tmp_path, monkeypatch):
+    # Refused for its size first; --force goes on to the names, which refuse it too.
+    text = HUGE.format(batch=list(range(1, 1001)), seed=list(range(1000))).replace(
+        'backends = ["naive"]', 'backends = ["flashy"]')
+    code, err = answer(capsys, tmp_path, monkeypatch, text)
+    assert code == 2 and "at least 1000000 pairs exceed" in one_line(err)
+    code, err = answer(capsys, tmp_path, monkeypatch, text, "--force", "--dry-run")
+    assert code == 2 and "backends = 'flashy': unknown backend" in one_line(err)
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_plan_too_large_on_one_device_only_waits_for_the_device(capsys, tmp_path,
+                                                                  monkeypatch):
+    # --device auto may be CPU or CUDA: a huge CUDA-only sweep beside a small CPU one is not
+    # refused before the device is known; on this CPU host the small sweep is the plan.
+    text = (BASE.split("[axes]")[0].replace('backends = ["naive"]\n', "")
+            + '[[sweep]]\nbackends = ["naive"]\ndevices = ["cuda"]\n[sweep.axes]\nseq_len = 16\n'
+            + f"batch = {list(range(1, 1001))}\nseed = {list(range(1000))}\n"
+            + '[[sweep]]\nbackends = ["naive"]\ndevices = ["cpu"]\n[sweep.axes]\nseq_len = 16\n'
+            + "head_dim = 8\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(text)
+    assert main(["run", "--suite", "s.toml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 1 (case, backend) pairs over 1 cases" in out and "refused" not in out
+
+
+def test_a_dry_run_does_not_estimate_a_plan_whose_inputs_cannot_fit(capsys, tmp_path,
+                                                                    monkeypatch):
+    # The fuzz test's hang: seq_len 2**62 with additive, whose chunk planning loops over
+    # every row; the estimate asked it. Refused for memory, such a plan is not estimated.
+    import attnbench.runs.plan as plan_module
+
+    def estimated(*args, **kwargs):
+        raise AssertionError("a plan that cannot fit was estimated")
+
+    monkeypatch.setattr(plan_module, "estimate", estimated)
+    text = BASE.replace('["naive"]', '["naive", "additive"]').replace(
+        "seq_len = [16]", f"seq_len = {2**62}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(text)
+    assert main(["run", "--suite", "s.toml", "--dry-run"]) == 0
+    assert "would be refused without --force: the inputs of" in capsys.readouterr().out
+
+
+def test_auto_is_refused_before_the_device_is_resolved_where_every_device_is_too_large(
+        capsys, tmp_path, monkeypatch):
+    # One huge sweep for CPUs only: on CUDA no sweep runs, so the plan is too large wherever
+    # it runs, and is refused before the backends and the device are resolved (torch).
+    import attnbench.runs.overrides as overrides
+
+    def resolved(*args, **kwargs):
+        raise AssertionError("resolved before the size was checked")
+
+    monkeypatch.setattr(overrides, "finish_selection", resolved)
+    text = HUGE.format(batch=list(range(1, 1001)), seed=list(range(1000))).replace(
+        "[axes]", "[[sweep]]\ndevices = [\"cpu\"]\n[sweep.axes]").replace(
+        'backends = ["naive"]\n', "").replace("[[sweep]]\n", '[[sweep]]\nbackends = ["naive"]\n')
+    code, err = answer(capsys, tmp_path, monkeypatch, text)
+    assert code == 2 and "at least 1000000 pairs exceed" in one_line(err)
+

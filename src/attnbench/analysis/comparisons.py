@@ -25,13 +25,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from attnbench.analysis.claims import SHAPE
+from attnbench.analysis.claim_checks import SHAPE
 from attnbench.core.errors import BadInput
 from attnbench.core.where import where_mask
-from attnbench.stats import ratios
+
+if TYPE_CHECKING:  # pandas is imported by the methods that select records: a suite's
+    import pandas as pd  # comparisons are checked at load without it
 
 COMPARISON_KEYS = ("name", "text", "baseline", "backends", "pair", "where", "baseline_where",
                    "backends_where")
@@ -91,6 +92,8 @@ class Comparison:
     def _in_scope(self, df: pd.DataFrame) -> pd.Series:
         """A declared comparison speaks for the runs of its own suite only; an inferred one
         for the problems its sides share."""
+        import pandas as pd
+
         if self.declared and self.suite and "suite" in df.columns:
             return df["suite"] == self.suite
         if self.problems:
@@ -111,11 +114,15 @@ class Comparison:
 
     def records(self, df: pd.DataFrame) -> pd.DataFrame:
         """Every record on either side, whatever its status."""
+        import pandas as pd
+
         base = self.baseline_records(df)
         return pd.concat([base, self.backend_records(df).drop(base.index, errors="ignore")])
 
     def pairs(self, df: pd.DataFrame) -> list[tuple[dict, dict]]:
         """(baseline record, backend record) for every pair, whatever their statuses."""
+        from attnbench.stats import ratios
+
         base, others = self.baseline_records(df), self.backend_records(df)
         if base.empty or others.empty:
             return []
@@ -196,6 +203,8 @@ def infer(df: pd.DataFrame, suite: str = "") -> list[Comparison]:
     others (then: more shared problems, listed first), on those shared problems only;
     repeated until no problem is shared. Records left over, of problems one backend ran
     alone, form one baseline-less comparison per backend."""
+    import pandas as pd
+
     out = []
     remaining = df
     while not remaining.empty:
@@ -229,6 +238,8 @@ def plan(df: pd.DataFrame, declared: list[Comparison], suite: str = ""
          ) -> tuple[list[tuple[Comparison, pd.DataFrame]], list[str]]:
     """Every comparison with its records: the declared ones that select records, then
     inferred ones for the records left over. Also notes on declared ones that select none."""
+    import pandas as pd
+
     out, notes = [], []
     covered = pd.Series(False, index=df.index)
     for c in declared:

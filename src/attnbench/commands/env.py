@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from attnbench.runs.environment import collect
-    from attnbench.runs.runner import resolve_device
+    from attnbench.runs.overrides import resolve_device
 
     print(json.dumps(collect(resolve_device(args.device)), indent=2))
     return 0

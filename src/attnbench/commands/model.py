@@ -31,8 +31,8 @@ def run(args) -> int:
     from attnbench.reporting.model_report import write_model_report
     from attnbench.runs.model_runner import run_models
     from attnbench.runs.model_suite import load_model_suite
+    from attnbench.runs.overrides import resolve_device
     from attnbench.runs.record_files import RECORDS
-    from attnbench.runs.runner import resolve_device
 
     if args.report:
         run_dir = Path(args.report)

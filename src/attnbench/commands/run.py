@@ -153,20 +153,20 @@ def _replay(args) -> dict:
 
 
 def run(args) -> int:
-    from attnbench.runs import record_files
-    from attnbench.runs.overrides import select
+    # Up to the plan's size check nothing imports torch, pandas or scipy.stats (about 3 s
+    # here): a suite of millions of pairs is refused in a fraction of a second.
+    from attnbench.core.record import STATUSES
+    from attnbench.runs.overrides import finish_selection, read_selection
     from attnbench.runs.plan import check_plan, expand, make_plan, size_problem
-    from attnbench.runs.runner import RunOptions, run_suite
-    from attnbench.runs.sharding import is_lead
 
     _check_threads(args.threads)
     retry = tuple(csv_list(args.retry) or ())
     if retry and not args.resume:
         raise BadInput("--retry: only with --resume RUN_ID")
     for status in retry:
-        if status not in record_files.STATUSES or status == "ok":
+        if status not in STATUSES or status == "ok":
             raise BadInput(f"--retry {status!r}: allowed: "
-                           f"{', '.join(s for s in record_files.STATUSES if s != 'ok')}")
+                           f"{', '.join(s for s in STATUSES if s != 'ok')}")
     if args.resume and args.run_id and args.run_id != args.resume:
         raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
                        f"one of them (--resume names the run)")
@@ -179,13 +179,19 @@ def run(args) -> int:
     if max_memory and not inv["isolate"]:
         raise BadInput("--max-memory: needs the worker process; allowed: without --no-isolate")
     source, text = _recorded_suite(args, inv["suite"]) if args.resume else (inv["suite"], None)
-    suite, device, _ = select(source, inv["backends"], inv["dtype"], inv["seq_len"],
-                              inv["device"], expand=False, suite_text=text)
+    suite, settled = read_selection(source, inv["backends"], inv["dtype"], inv["seq_len"],
+                                    inv["device"], suite_text=text)
+    # The size from the axes, before anything is expanded; a plan too large on every device
+    # the run may use is refused before its backends and its device are resolved (these
+    # import every implementation, and torch).
+    too_large = size_problem(suite, inv["device"]) if settled else None
+    if not too_large or args.force:
+        suite, device, _ = finish_selection(suite, inv["backends"], inv["device"], expand=False)
+        too_large = size_problem(suite, device)
     if inv.get("check_determinism"):
         suite.timing = dataclasses.replace(suite.timing, check_determinism=True)
     for note in suite.notes:
         print(f"note: {note}")
-    too_large = size_problem(suite, device)  # from the axes: before anything is expanded
     if too_large and args.dry_run and not args.force:
         print(f"plan: would be refused without --force: {too_large}")
         return 0
@@ -204,6 +210,10 @@ def run(args) -> int:
             print(f"plan: would be refused without --force: {problem}")
         return 0
     check_plan(plan, args.force)
+    from attnbench.runs import record_files
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.sharding import is_lead
+
     if args.profile:
         from attnbench.measure.profile_summary import check_pairs
         check_pairs(plan.pairs, args.force)

@@ -27,8 +27,10 @@ The diagonal is aligned bottom-right: with ``off = n_k_blocks - n_q_blocks``, qu
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LAYOUTS = ("local", "bigbird", "longformer", "strided", "explicit")
 
@@ -39,6 +41,8 @@ def num_blocks(seq: int, block_size: int) -> int:
 
 def block_extents(seq: int, block_size: int) -> torch.Tensor:
     """Length of each block along a sequence of ``seq`` (last block may be short), int64."""
+    import torch  # here, not at the top: a suite names layouts without loading torch
+
     n = num_blocks(seq, block_size)
     ext = torch.full((n,), block_size, dtype=torch.int64)
     if n:
@@ -88,6 +92,8 @@ def make_layout(name: str, seq_q: int, seq_k: int, block_size: int, *, band: int
                 global_blocks: int = 1, random_blocks: int = 2, seed: int = 0,
                 pairs: tuple[tuple[int, int], ...] = (), stride: int = 0) -> torch.Tensor:
     """Boolean (n_q_blocks, n_k_blocks) layout; the diagonal is aligned bottom-right."""
+    import torch
+
     nqb, nkb = num_blocks(seq_q, block_size), num_blocks(seq_k, block_size)
     if name == "explicit":
         layout = torch.zeros(nqb, nkb, dtype=torch.bool)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-import torch
-
-from attnbench.core import block_layouts, inputs_captured
+from attnbench.core import block_layouts, pretrained
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
 from attnbench.core.masks import MaskSpec, visible_pairs
+
+if TYPE_CHECKING:  # a case is made, keyed and counted without torch (a suite's load and
+    import torch  # size check); its tensors (inputs, layout) import it where they are made
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 # FLOPs of a mode as a multiple of the forward pass (FlashAttention's convention).
@@ -123,7 +125,7 @@ class Case:
         spec = self.inputs_spec
         try:
             if spec.captured:
-                inputs_captured.check_shape(spec.knobs[0], self.heads_q, self.heads_kv,
+                pretrained.check_shape(spec.knobs[0], self.heads_q, self.heads_kv,
                                             self.seq_q, self.seq_k, self.head_dim,
                                             self.head_dim_v)
             else:
@@ -207,6 +209,10 @@ class Case:
         On a GPU they are drawn there (drawing 16K tokens x 2048 on the CPU took seconds per
         case), so GPU and CPU cases with one seed hold different values. Captured inputs
         raise RuntimeError with the install command when the model is missing."""
+        import torch
+
+        from attnbench.core import inputs_captured
+
         B, Hq, Hkv, Nq, Nk, D, Dv = (self.batch, self.heads_q, self.heads_kv, self.seq_q,
                                      self.seq_k, self.head_dim, self.head_dim_v)
         dev = torch.device(device or self.device)

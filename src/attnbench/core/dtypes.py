@@ -1,15 +1,18 @@
-"""Dtype names, parsing and per-dtype error tolerances."""
+"""Dtype names, parsing and per-dtype error tolerances.
+
+Names are data here, without torch: a suite is loaded and its size checked before torch is
+imported (``attnbench run`` refuses a plan of millions of pairs in a fraction of a second).
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+if TYPE_CHECKING:
+    import torch
+
+# name -> bytes per element; each name is also the torch.dtype's attribute (torch.float32)
+DTYPES: dict[str, int] = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 ALIASES = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
            "half": "float16", "float": "float32", "double": "float64"}
 
@@ -29,15 +32,19 @@ def canonical_dtype(name: str) -> str:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return DTYPES[canonical_dtype(name)]
+    import torch
+
+    return getattr(torch, canonical_dtype(name))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    for name, dt in DTYPES.items():
-        if dt == dtype:
+    import torch
+
+    for name in DTYPES:
+        if getattr(torch, name) == dtype:
             return name
     raise ValueError(f"unsupported dtype {dtype}; allowed: {', '.join(DTYPES)}")
 
 
 def element_size(name: str) -> int:
-    return torch.tensor([], dtype=torch_dtype(name)).element_size()
+    return DTYPES[canonical_dtype(name)]

@@ -29,8 +29,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # name -> (knob names, defaults, kind of each knob)
 SYNTHETIC = {
@@ -113,6 +115,8 @@ def shape_synthetic(spec: InputsSpec, q: torch.Tensor, k: torch.Tensor, scale: f
     """Q and K of a synthetic spec made from standard-normal ``q`` (B, Hq, Nq, D) and ``k``
     (B, Hkv, Nk, D), float32; ``gen`` draws the structure (directions, channels, bases).
     V stays standard normal: these distributions shape the attention weights."""
+    import torch  # here: parsing a spec (at suite load) needs no torch
+
     D = q.shape[-1]
     if spec.kind == "peaked":
         return q * spec.knobs[0], k

@@ -30,9 +30,15 @@ from pathlib import Path
 import torch
 
 from attnbench.core import pretrained
+from attnbench.core.pretrained import (  # noqa: F401  (check_shape: this module's name too)
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    MAX_POSITIONS,
+    check_shape,
+)
 
 MODEL = "all-MiniLM-L6-v2"
-LAYERS, HEADS, HEAD_DIM, MAX_POSITIONS = 6, 12, 32, 512
 TEXT_MODULES = ("argparse", "collections", "functools", "inspect", "json", "logging",
                 "pathlib", "subprocess", "textwrap", "typing", "unittest.case", "dataclasses",
                 "email.message", "http.client", "tarfile", "zipfile", "statistics", "string")
@@ -47,21 +53,6 @@ def unavailable_reason() -> str | None:
         return (f"captured inputs need {', '.join(missing)}; install them with: "
                 f"{pretrained.INSTALL}")
     return pretrained.unavailable_reason()
-
-
-def check_shape(layer: int, heads_q: int, heads_kv: int, seq_q: int, seq_k: int,
-                head_dim: int, head_dim_v: int) -> None:
-    """ValueError when a case's shape cannot hold this model's activations."""
-    if not 0 <= layer < LAYERS:
-        raise ValueError(f"inputs minilm({layer}): layer must be 0..{LAYERS - 1}")
-    if head_dim != HEAD_DIM or head_dim_v != HEAD_DIM:
-        raise ValueError(f"inputs minilm: head_dim and head_dim_v must be {HEAD_DIM} "
-                         f"(the model's), got {head_dim} and {head_dim_v}")
-    if heads_q > HEADS:
-        raise ValueError(f"inputs minilm: heads_q must be at most {HEADS}, got {heads_q}")
-    if not 3 <= seq_k <= MAX_POSITIONS or seq_q > seq_k:
-        raise ValueError(f"inputs minilm: need 3 <= seq_k <= {MAX_POSITIONS} and "
-                         f"seq_q <= seq_k, got seq_q={seq_q}, seq_k={seq_k}")
 
 
 @lru_cache(maxsize=1)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.core import block_layouts
+
+if TYPE_CHECKING:
+    import torch
 
 INF = math.inf
 MASK_KINDS = ("none", "causal", "window(left,right)", "block_sparse(layout)")
@@ -76,6 +78,8 @@ def _fmt(x: float) -> str:
 def band_allowed(rows: torch.Tensor, cols: torch.Tensor, seq_q: int, seq_k: int,
                  left: float, right: float) -> torch.Tensor:
     """Boolean (len(rows), len(cols)): query row may see key column under a band mask."""
+    import torch  # in the functions that compute: parsing a mask needs no torch
+
     off = seq_k - seq_q
     rel = cols[None, :] - (rows[:, None] + off)  # (R, C): j - (i + off)
     ok = torch.ones_like(rel, dtype=torch.bool)
@@ -95,6 +99,8 @@ def allowed_rows(mask: MaskSpec, row0: int, row1: int, seq_q: int, seq_k: int,
     """
     if mask.kind == "none":
         return None
+    import torch
+
     rows = torch.arange(row0, row1, device=device)
     cols = torch.arange(seq_k, device=device)
     if mask.is_banded:
@@ -109,6 +115,8 @@ def allowed_rows(mask: MaskSpec, row0: int, row1: int, seq_q: int, seq_k: int,
 
 def band_row_counts(seq_q: int, seq_k: int, left: float, right: float) -> torch.Tensor:
     """Number of visible keys for every query row under a band mask, (seq_q,) int64."""
+    import torch
+
     off = seq_k - seq_q
     i = torch.arange(seq_q, dtype=torch.int64)
     lo = torch.zeros_like(i) if left == INF else (i + off - int(left)).clamp(min=0)
@@ -125,6 +133,8 @@ def visible_pairs(mask: MaskSpec, seq_q: int, seq_k: int, layout: torch.Tensor |
     if mask.is_banded:
         return int(band_row_counts(seq_q, seq_k, mask.left, mask.right).sum())
     if mask.kind == "block_sparse":
+        import torch
+
         assert layout is not None
         rows = block_layouts.block_extents(seq_q, block_size)  # (nqb,)
         cols = block_layouts.block_extents(seq_k, block_size)  # (nkb,)

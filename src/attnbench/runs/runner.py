@@ -21,6 +21,7 @@ from attnbench.measure.ceilings import copy_roof, matmul_roof
 from attnbench.measure.execute import one_line
 from attnbench.measure.worker import InProcessExecutor, IsolatedExecutor, WorkerConfig
 from attnbench.runs import environment, rank_folders, record_files, run_folder, sharding
+from attnbench.runs.overrides import resolve_device
 from attnbench.runs.pairing import claim_rounds, job_groups
 from attnbench.runs.suite import Suite
 
@@ -41,18 +42,6 @@ class RunOptions:
     explicit_dtypes: bool = False  # the user chose the dtypes: never left out as too slow
     profile: bool = False  # profile each ok pair after measuring it (profiling.py)
     invocation: dict = dataclasses.field(default_factory=dict)  # what --resume replays
-
-
-def resolve_device(device: str | None) -> str:
-    """``auto`` picks CUDA when present; asking for CUDA without a GPU is bad input."""
-    if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise BadInput(f"--device {device}: no CUDA device is present on this machine; "
-                       f"allowed here: cpu, auto")
-    if device.split(":")[0] not in ("cpu", "cuda"):
-        raise BadInput(f"--device {device}: unknown device; allowed: auto, cpu, cuda, cuda:N")
-    return device
 
 
 def default_run_id(suite: Suite, device: str) -> str:

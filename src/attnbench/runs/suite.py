@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from attnbench.analysis.claims import validate_claims
+from attnbench.analysis.claim_checks import validate_claims
 from attnbench.analysis.comparisons import Comparison, validate_comparisons
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
 from attnbench.core.masks import MASK_KINDS, MaskSpec
-from attnbench.measure.timing import TimingBudget
+from attnbench.measure.budget import TimingBudget
 from attnbench.runs import arith
 
 if sys.version_info >= (3, 11):
@@ -182,6 +182,8 @@ class Suite:
     comparisons: list[Comparison] = field(default_factory=list)  # the report's panel sets
     text: str = ""  # the TOML it was read from: a run records it and --resume replays it
     notes: list[str] = field(default_factory=list)  # what command-line overrides changed
+    # (key, name) of every backend the file names, as ``check_backends`` checks them
+    named_backends: list[tuple[str, str]] = field(default_factory=list)
 
     def jobs(self, limit: int | None = None) -> list[tuple[Case, str]]:
         """(case, backend) pairs in run order: every backend of a case together, sizes rising.
@@ -226,6 +228,14 @@ class Suite:
     def backends(self) -> list[str]:
         return list(dict.fromkeys(b for s in self.sweeps for b in s.backends))
 
+    def check_backends(self, known_backends: list[str]) -> None:
+        """The one-line error ``load_suite`` gives with ``known_backends`` for the first
+        unknown name, for a suite loaded without them (the registry imports every
+        implementation: a suite loads, and a plan too large is refused, without it)."""
+        v = _Validator(Path(self.path), known_backends)
+        for where, name in self.named_backends:
+            v.backends(name, where)
+
 
 def find_suite(name_or_path: str) -> Path:
     """A path to a TOML file, or the name of a suite in ./suites or shipped with attnbench."""
@@ -256,6 +266,7 @@ class _Validator:
     def __init__(self, path: Path, known_backends: list[str] | None):
         self.path = path
         self.known_backends = known_backends
+        self.named_backends: list[tuple[str, str]] = []  # (key, name) as met
 
     def fail(self, key: str, value, problem: str):
         raise BadInput(f"{self.path}: {key} = {shown(value)}: {problem}")
@@ -358,6 +369,7 @@ class _Validator:
             raw = [raw]
         if not isinstance(raw, list) or not raw or not all(isinstance(b, str) for b in raw):
             self.fail(where, raw, "must be a non-empty list of backend names")
+        self.named_backends += [(where, b) for b in raw]
         if self.known_backends is not None:
             for b in raw:
                 if b not in self.known_backends:
@@ -389,7 +401,8 @@ def _table(v: _Validator, raw, where: str) -> dict:
 def load_suite(name_or_path: str, known_backends: list[str] | None = None,
                text: str | None = None) -> Suite:
     """The suite named or at a path; with ``text`` (what a run recorded), that TOML under the
-    recorded name, whatever the file holds now."""
+    recorded name, whatever the file holds now. Its backend names are checked against
+    ``known_backends`` when given, else later by ``Suite.check_backends``."""
     path = Path(name_or_path) if text is not None else find_suite(name_or_path)
     raw_bytes = path.read_bytes() if text is None else text.encode("utf-8")
     try:
@@ -480,10 +493,12 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
             v.fail(f"{where}axes", {k: axes[k] for k in axes if k in str(exc)} or axes,
                    str(exc))
         sweeps.append(sweep)
-    return Suite(name, str(data.get("description", "")), str(path), content_hash,
-                 TimingBudget(**timing), timeout_s, sweeps,
-                 validate_claims(data.get("claim"), path),
-                 validate_comparisons(data.get("comparison"), path, v.axes, v.backends))
+    suite = Suite(name, str(data.get("description", "")), str(path), content_hash,
+                  TimingBudget(**timing), timeout_s, sweeps,
+                  validate_claims(data.get("claim"), path),
+                  validate_comparisons(data.get("comparison"), path, v.axes, v.backends))
+    suite.named_backends = v.named_backends
+    return suite
 
 
 def _supports(backend: str, case: Case) -> bool:

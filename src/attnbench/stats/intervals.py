@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 HOLDS, DOES_NOT_HOLD, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 LEVEL = 0.95  # the coverage every interval is meant to have, and every decision claims
@@ -77,6 +76,14 @@ def _as_samples(samples, name: str = "samples") -> np.ndarray:
     return x
 
 
+def _sps():
+    """scipy.stats, imported where a distribution is needed (about 1 s of imports): what
+    only holds or names intervals (a suite's load) goes without it."""
+    from scipy import stats
+
+    return stats
+
+
 def _check_confidence(confidence: float) -> None:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -86,7 +93,8 @@ def median_rank_coverage(n: int, k: int) -> float:
     """Coverage of the order-statistic interval ``[x_(k), x_(n+1-k)]`` (1-based ranks) for the
     median of ``n`` i.i.d. continuous samples: P(k <= B <= n - k), B ~ Binomial(n, 1/2),
     the number of samples below the true median."""
-    return float(sps.binom.cdf(n - k, n, 0.5) - sps.binom.cdf(k - 1, n, 0.5))
+    binom = _sps().binom
+    return float(binom.cdf(n - k, n, 0.5) - binom.cdf(k - 1, n, 0.5))
 
 
 @functools.lru_cache(maxsize=1024)  # adaptive sampling asks after every round
@@ -99,7 +107,8 @@ def median_ranks(n: int, confidence: float = 0.95) -> tuple[int, int, float]:
         raise ValueError("need n >= 1")
     _check_confidence(confidence)
     ks = np.arange(1, (n + 1) // 2 + 1)
-    coverage = sps.binom.cdf(n - ks, n, 0.5) - sps.binom.cdf(ks - 1, n, 0.5)
+    binom = _sps().binom
+    coverage = binom.cdf(n - ks, n, 0.5) - binom.cdf(ks - 1, n, 0.5)
     ok = np.nonzero(coverage >= confidence)[0]
     k = int(ks[ok[-1]]) if ok.size else 1  # coverage falls as k grows: take the last one
     return k, n + 1 - k, median_rank_coverage(n, k)
@@ -156,9 +165,9 @@ def ratio_interval(a, b, confidence: float = 0.95, n_boot: int = 2000, seed: int
     n = int(min(a.size, b.size))
     if n < 2:
         return Interval(estimate, estimate, estimate, 0.0, n, "bootstrap")
-    res = sps.bootstrap((a, b), _ratio_of_medians, n_resamples=n_boot, vectorized=True,
-                        paired=False, confidence_level=confidence, method="percentile",
-                        rng=np.random.default_rng(seed))
+    res = _sps().bootstrap((a, b), _ratio_of_medians, n_resamples=n_boot, vectorized=True,
+                           paired=False, confidence_level=confidence, method="percentile",
+                           rng=np.random.default_rng(seed))
     ci = res.confidence_interval
     # a percentile interval of a skewed statistic can, rarely, sit beside the estimate
     low, high = min(float(ci.low), estimate), max(float(ci.high), estimate)
@@ -175,7 +184,7 @@ def mann_whitney(a, b) -> float:
     both = np.concatenate([a, b])
     if np.all(both == both[0]):
         return 1.0
-    return float(sps.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    return float(_sps().mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
 def interval_verdict(interval: Interval, low: float | None, high: float | None,

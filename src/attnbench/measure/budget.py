@@ -1,0 +1,33 @@
+"""How long a pair is timed: the suite's ``[timing]`` table as data (``measure/timing.py``
+spends it). Apart from the timing code so that a suite loads without torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TimingBudget:
+    warmup_s: float = 0.05
+    budget_s: float = 0.3  # per closure; interleaved rounds of n closures get n times this
+    min_reps: int = 3
+    max_reps: int = 100
+    min_warmup: int = 1
+    target_rel: float = 0.05  # stop once the median's 95% interval is within this
+    noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
+    # a record whose own interval reaches farther than this from its median is flagged noisy
+    # too, whatever the probe said (the samples show the unsteadiness directly)
+    unsteady_rel: float = 0.25
+    processes: int = 1  # fresh worker processes a group is timed in, samples pooled
+    slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
+    check_determinism: bool = False  # run the checked call twice, record bit-identity
+
+    def per_process(self) -> TimingBudget:
+        """The share of the budget one of ``processes`` processes spends."""
+        k = self.processes
+        if k <= 1:
+            return self
+        return dataclasses.replace(self, budget_s=self.budget_s / k,
+                                   min_reps=max(2, -(-self.min_reps // k)),
+                                   max_reps=max(2, -(-self.max_reps // k)))
