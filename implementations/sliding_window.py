@@ -13,9 +13,10 @@ so all interior blocks share one small bias; only the blocks at the ends have th
 
 The work goes in cache-sized chunks of blocks, one K/V head at a time, shared out over
 the CPU threads by ``split_work`` (one parallel region per call, as a fused kernel has, not
-one per op); each thread's chunk-sized work buffers serve all of its chunks. Work is ``Nq * (Bq + L + R) * (D + Dv)`` multiply-adds; memory
-is the output plus the chunk buffers in the forward, and O(N * W) saved probabilities
-under autograd: linear in N for a fixed window either way. GQA folds the ``G`` query heads
+one per op); each thread's chunk-sized work buffers serve all of its chunks. Work is
+``Nq * (Bq + L + R) * (D + Dv)`` multiply-adds; memory is the output plus the chunk
+buffers in the forward, and O(N * W) saved probabilities under autograd: linear in N for a
+fixed window either way. GQA folds the ``G`` query heads
 that share a K/V head into the rows of a block, so K/V are never repeated. Rows that see
 no key output 0.
 
