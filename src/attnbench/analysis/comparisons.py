@@ -247,6 +247,14 @@ def plan(df: pd.DataFrame, declared: list[Comparison], suite: str = ""
         if recs.empty:
             notes.append(f"Declared comparison {c.name!r} selects no record of these runs.")
             continue
+        present = set(recs["backend"])
+        if c.baseline is not None and (c.baseline not in present
+                                       or not present & (set(c.backends) - {c.baseline})):
+            missing = (c.baseline if c.baseline not in present
+                       else ", ".join(b for b in c.backends if b != c.baseline))
+            notes.append(f"Declared comparison {c.name!r} has no record of {missing} in "
+                         f"these runs: nothing to compare, left out.")
+            continue
         covered |= df.index.isin(recs.index)
         out.append((c, recs))
     leftover = df[~covered]
