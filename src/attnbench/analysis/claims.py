@@ -41,6 +41,7 @@ from attnbench.analysis.claim_checks import (  # noqa: F401
     WHERE_FIELDS,
     validate_claims,
 )
+from attnbench.core import metrics
 from attnbench.core.where import case_matches, where_mask
 from attnbench.stats import intervals, pooling, ratios, sequential
 from attnbench.stats.fits import exponent_interval
@@ -63,11 +64,19 @@ def _select(df: pd.DataFrame, where: dict, backend: str) -> pd.DataFrame:
 
 
 def _value_interval(row, metric: str, scale: float) -> intervals.Interval:
+    """The record's value with its interval: the median time's, or for a rate (a fixed
+    amount over the median time, e.g. frac_matmul) the time's interval carried through the
+    inverse; any other metric is a point."""
     samples = ratios.samples(row.get("samples_ms"))
     if metric == "time_ms_median" and samples:
         iv = intervals.median_interval(samples)
         return intervals.Interval(iv.estimate * scale, iv.low * scale, iv.high * scale,
                               iv.confidence, iv.n, iv.method)
+    if metrics.get(metric).per_time and samples and pd.notna(row.get(metric)):
+        iv = intervals.median_interval(samples)
+        value = float(row[metric]) * scale
+        return intervals.Interval(value, value * iv.estimate / iv.high,
+                                  value * iv.estimate / iv.low, iv.confidence, iv.n, iv.method)
     value = float(row[metric]) * scale
     return intervals.Interval(value, value, value, 1.0, 1, "point")
 

@@ -24,6 +24,7 @@ class Metric:
     display_scale: float = 1.0  # stored value * display_scale is shown ...
     display_unit: str = ""  # ... in this unit (default: unit)
     percent: bool = False  # shown as a percentage
+    per_time: bool = False  # a fixed amount over the median time: its interval is the time's
 
     @property
     def shown_unit(self) -> str:
@@ -90,16 +91,21 @@ METRICS: tuple[Metric, ...] = (
     Metric("n_samples", "count", NEUTRAL, "timed samples kept (adaptive: until the interval "
            "is narrow enough or the budget is spent)"),
     Metric("tflops", "TFLOP/s", HIGHER, "work the backend performs (its work_flops) / median "
-           "time", section="Throughput (TFLOP/s of the work each backend performs)"),
+           "time", section="Throughput (TFLOP/s of the work each backend performs)",
+           per_time=True),
     Metric("tflops_dense", "TFLOP/s", HIGHER, "dense-equivalent rate: all Nq x Nk pairs "
-           "counted, whatever the backend computes (a common axis for approximations)"),
+           "counted, whatever the backend computes (a common axis for approximations)",
+           per_time=True),
     Metric("gbps", "GB/s", HIGHER, "minimum traffic (inputs read once, outputs written "
-           "once) / median time", section="Bandwidth (GB/s of the minimum traffic)"),
+           "once) / median time", section="Bandwidth (GB/s of the minimum traffic)",
+           per_time=True),
     Metric("frac_matmul", "1", HIGHER, "tflops / the run's measured matmul rate for the "
-           "dtype", section="Fraction of the measured matmul rate", percent=True),
+           "dtype", section="Fraction of the measured matmul rate", percent=True,
+           per_time=True),
     Metric("frac_bandwidth", "1", HIGHER, "gbps / the run's measured copy bandwidth for "
            "as much traffic (a working set that fits a cache is held to that cache's roof)",
-           section="Fraction of the measured copy bandwidth", percent=True),
+           section="Fraction of the measured copy bandwidth", percent=True,
+           per_time=True),
     Metric("peak_mem_bytes", "bytes", LOWER, "peak memory above what the inputs hold (GPU: "
            "max_memory_allocated; CPU: VmHWM after clear_refs)",
            section="Peak memory above inputs", sig=4, display_scale=2.0 ** -20,
