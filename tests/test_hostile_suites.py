@@ -42,6 +42,8 @@ def one_line(err: str) -> str:
     ('batch = "min(seq_len)"', "min() takes two or more arguments"),
     ('seed = "0 - seq_len"', "seed must be an integer >= 0"),
     ('block_band = "-1"', "block_band must be an integer >= 0"),
+    # an axis of a suite without sweeps derived too: was silently dropped (ran batch = 1)
+    ('head_dim = "seq_len"', "derive.head_dim = 'seq_len': head_dim is also given in axes"),
 ])
 def test_bad_derived_values_are_refused_at_load(capsys, tmp_path, monkeypatch, derive,
                                                 message):

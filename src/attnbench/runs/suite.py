@@ -467,9 +467,11 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
             v.fail(f"{where}axes.seq_len", axes["seq_len"], "give seq_len or seq_q/seq_k, "
                                                             "not both")
         excludes = v.excludes(s.get("exclude"), f"{where}exclude")
-        # top-level derive applies to every sweep that does not give the axis itself
+        # top-level derive applies to every [[sweep]] that does not give the axis itself; in
+        # a suite without sweeps its axes are the top-level ones: an axis given both ways
+        # is refused below, never silently dropped
         top = {a: e for a, e in _table(v, data.get("derive", {}), "derive").items()
-               if a not in s.get("axes", {})}
+               if single or a not in s.get("axes", {})}
         own = _table(v, s.get("derive", {}), f"{where}derive")
         derive = v.derive(top | own, lambda a, own=own, where=where: (
             f"{where}derive.{a}" if a in own or not a else f"derive.{a}"), axes)
