@@ -246,6 +246,29 @@ def test_dry_run_estimate_from_another_machine_scales_by_the_matmul_rates(tmp_pa
     assert "measured on a faster CPU: its times scaled x2.00" in plan.summary()
 
 
+def test_dry_run_of_sequential_claims_says_the_longest_the_run_may_take(tmp_path):
+    """family_goals' claims take 12, 24 or 36 rounds as the data decide: one earlier run
+    (decided at 12) read 2.0 min, the next three 3.0-3.7. The estimate names the bound."""
+    from attnbench.runs.plan import claim_round_budget, make_plan
+    suite, device, jobs = select("family_goals", device="cpu")
+    rounds = claim_round_budget(suite, jobs)
+    sides = {(c.mask, b) for c, b in jobs if (c.key, b) in rounds}
+    assert {("window(255,0)", "sliding_window"), ("causal", "sdpa"), ("none", "linear"),
+            ("none", "block_sparse"), ("none", "sdpa")} <= sides
+    assert set(rounds.values()) == {36}
+    _earlier_run(tmp_path, suite, jobs, seconds=120, ms=50.0)
+    plan = make_plan(suite, jobs, device, history=tmp_path)
+    assert plan.most_s > 1.05 * plan.estimate_s
+    assert f"up to {plan.most_s / 60:.1f} min if every sequential claim takes all its " \
+           f"rounds" in plan.summary()
+    # a suite without sequential claims gives one figure
+    quick, _, quick_jobs = select("quick", device="cpu")
+    assert claim_round_budget(quick, quick_jobs) == {}
+    _earlier_run(tmp_path / "q", quick, quick_jobs, seconds=60)
+    plain = make_plan(quick, quick_jobs, device, history=tmp_path / "q")
+    assert plain.most_s == plain.estimate_s and "up to" not in plain.summary()
+
+
 def _benchmarks_module(name):
     import importlib.util
     from pathlib import Path

@@ -84,6 +84,8 @@ class Plan:
     largest_bytes: int
     memory_bytes: int | None
     assumed: str = ""  # what the estimate rests on (``estimate``)
+    # sequential claims whose pairs take every round they may: the longest the run can take
+    most_s: float | None = None
 
     def summary(self) -> str:
         mem = "" if self.memory_bytes is None else f" of {self.memory_bytes / 2**30:.0f} GiB"
@@ -91,8 +93,12 @@ class Plan:
             f"; largest inputs {self.largest_bytes / 2**20:.4g} MiB{mem} ({self.largest.key})")
         more = "more than " if self.pairs > MAX_PAIRS else ""  # expansion stopped there
         how = f" ({self.assumed})" if self.assumed else " at the suite's budgets"
+        most = ""
+        if self.most_s is not None and self.most_s > 1.05 * self.estimate_s:
+            most = (f", up to {self.most_s / 60:.1f} min if every sequential claim takes all "
+                    f"its rounds")
         return (f"{more}{self.pairs} (case, backend) pairs over {self.cases} cases; about "
-                f"{self.estimate_s / 60:.1f} min{how}{big}")
+                f"{self.estimate_s / 60:.1f} min{most}{how}{big}")
 
     def problems(self) -> list[str]:
         out = []
@@ -134,11 +140,12 @@ def make_plan(suite: Suite, jobs: list[tuple[Case, str]], device: str,
     largest_bytes = input_bytes(largest) if largest else 0
     memory = device_memory_bytes(device)
     fits = not (memory and largest_bytes > memory)
+    most = None
     if (history is not None or measure) and fits:
-        seconds, assumed = estimate(suite, jobs, device, history)
+        seconds, assumed, most = estimate(suite, jobs, device, history)
     else:
         seconds, assumed = pair_budget_s(suite.timing) * len(jobs), ""
-    return Plan(len(jobs), len(cases), seconds, largest, largest_bytes, memory, assumed)
+    return Plan(len(jobs), len(cases), seconds, largest, largest_bytes, memory, assumed, most)
 
 
 # ---- the estimate: per-call times from measured rates, calibrated by an earlier run ------
@@ -146,13 +153,17 @@ SKIP_S = 0.05  # a pair that cannot run (unsupported, unavailable): a record, no
 DEFAULT_EFFICIENCY = 0.25  # share of the matmul rate a call reaches, without an earlier run
 
 
-def call_pair_s(t: float, timing: TimingBudget, kind: str) -> float:
+def call_pair_s(t: float, timing: TimingBudget, kind: str, rounds: int | None = None
+                ) -> float:
     """Wall seconds of one pair whose call takes ``t`` seconds: per worker process its
     setup, warm-up and timed rounds (each timed call primed by an untimed one on CPU; the
-    repetitions the budget allows, within min and max), then the untimed calls."""
+    repetitions the budget allows, within min and max, or ``rounds`` pooled over the
+    processes where a sequential claim sets them), then the untimed calls."""
     share = timing.per_process()
     primed = 2 if kind == "cpu" else 1
     reps = min(max(share.min_reps, share.budget_s / (primed * t)), share.max_reps)
+    if rounds is not None:
+        reps = max(reps, -(-rounds // timing.processes))
     per_process = SETUP_S + max(share.warmup_s, share.min_warmup * t) + reps * primed * t
     return timing.processes * per_process + UNTIMED_CALLS * t
 
@@ -192,7 +203,9 @@ def _call_s(case: Case, backend: str, rate: float, efficiency: dict[str, float],
 
 
 def _modelled_s(jobs, timing: TimingBudget, rate: float, efficiency: dict, known: dict,
-                kind: str) -> float:
+                kind: str, rounds: dict | None = None) -> float:
+    """The cost model's seconds for ``jobs``; ``rounds`` ((case key, backend) -> pooled
+    rounds) for the pairs a sequential claim keeps timing."""
     from attnbench.core.registry import all_backends
     backends = all_backends()
     total = 0.0
@@ -201,20 +214,37 @@ def _modelled_s(jobs, timing: TimingBudget, rate: float, efficiency: dict, known
         if b is None or not b.is_available()[0] or b.not_supported_reasons(case):
             total += SKIP_S
         else:
-            total += call_pair_s(_call_s(case, name, rate, efficiency, known), timing, kind)
+            total += call_pair_s(_call_s(case, name, rate, efficiency, known), timing, kind,
+                                 (rounds or {}).get((case.key, name)))
     return total
 
 
+def claim_round_budget(suite: Suite, jobs) -> dict[tuple[str, str], int]:
+    """(case key, backend) -> the last look's rounds, for every pair of a group that holds
+    both sides of a sequential claim (the whole group is timed in its rounds)."""
+    from attnbench.runs.pairing import claim_rounds, job_groups
+    out = {}
+    for group in job_groups(list(jobs), suite.claims, suite.comparisons):
+        rule = claim_rounds(group, suite.claims)
+        if rule is not None:
+            out.update({(c.key, b): rule.looks[-1] for c, b in group})
+    return out
+
+
 def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
-             history: Path | None) -> tuple[float, str]:
+             history: Path | None) -> tuple[float, str, float]:
     """Seconds the run will take, and what that assumes. Per-call times come from the
     newest finished earlier run of the suite on this device type under ``history`` (its
     median times per pair, each backend's share of its measured matmul rate for pairs it did
     not run), or else from the matmul rate measured now at ``DEFAULT_EFFICIENCY``; the cost
     model (``call_pair_s``) is then scaled by the earlier run's measured wall time over what
-    the model says of that run, which folds in worker start-up and the ceilings."""
+    the model says of that run, which folds in worker start-up and the ceilings. The third
+    value is the longest it may take: every sequential claim's pairs timed to its last look
+    (a claim decided at its first look takes a fraction of that, and which it will be is
+    not known in advance)."""
     from attnbench.runs import record_files
     kind = device.split(":")[0]
+    most_rounds = claim_round_budget(suite, jobs)
     earlier = _runs_of(history, suite.name, kind) if history is not None else []
     if earlier:
         here = _machine(device)
@@ -251,15 +281,21 @@ def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
         modelled = _modelled_s(own, then, rate, efficiency, known, kind)
         factor = min(max(_seconds(meta) * scale / modelled, 0.2), 5.0) if modelled > 0 else 1.0
         seconds = factor * _modelled_s(jobs, suite.timing, rate, efficiency, known, kind)
+        most = factor * _modelled_s(jobs, suite.timing, rate, efficiency, known, kind,
+                                    most_rounds) if most_rounds else seconds
         covered = sum((c.key, b) in known for c, b in jobs)
         return seconds, (f"from run {run_dir.name}{moved}: {_seconds(meta) / 60:.1f} min measured; "
                          f"{covered} of {len(jobs)} pairs at its measured times, the rest at "
-                         f"its backends' rates; the model scaled x{factor:.2f} to match that run")
+                         f"its backends' rates; the model scaled x{factor:.2f} to match that "
+                         f"run"), max(most, seconds)
     rate = _matmul_rate(device)
     seconds = _modelled_s(jobs, suite.timing, rate, {}, {}, kind)
+    most = _modelled_s(jobs, suite.timing, rate, {}, {}, kind, most_rounds) if most_rounds \
+        else seconds
     return seconds, (f"no earlier run of {suite.name} on {kind}: calls at "
                      f"{DEFAULT_EFFICIENCY:.0%} of the matmul rate measured now "
-                     f"({rate / 1e9:.0f} GFLOP/s); a first run can take 2x longer")
+                     f"({rate / 1e9:.0f} GFLOP/s); a first run can take 2x longer"), \
+        max(most, seconds)
 
 
 UNKNOWN_MACHINE = (None, None, None)  # a run that recorded no environment: taken as this one
