@@ -58,19 +58,22 @@ def split_work(work: Callable[[int, int], None], n_items: int, device) -> None:
     """Call ``work(lo, hi)`` over [0, n_items), in one range per torch CPU thread.
 
     ``work`` must only write what its own range owns. It runs without autograd (these are
-    explicit forward/backward computations). With one thread, one item, or a non-CPU
-    device it is one plain call with torch's own threading.
+    explicit forward/backward computations), and in inference mode when the caller is in
+    it (grad and inference modes are per thread: tensors the caller made in inference mode
+    may only be written in it). With one thread, one item, or a non-CPU device it is one
+    plain call with torch's own threading.
     """
     threads = torch.get_num_threads()
     parts = ranges(n_items, threads)
-    if torch.device(device).type != "cpu" or len(parts) < 2:
-        with torch.no_grad():
-            work(0, n_items)
-        return
+    inference = torch.is_inference_mode_enabled()
 
     def run(lo: int, hi: int) -> None:
-        with torch.no_grad():
+        with torch.inference_mode(inference), torch.no_grad():
             work(lo, hi)
+
+    if torch.device(device).type != "cpu" or len(parts) < 2:
+        run(0, n_items)
+        return
 
     torch.set_num_threads(1)  # process-wide: every op below runs on its caller's thread
     try:

@@ -78,6 +78,23 @@ def test_a_forked_child_gets_a_pool_of_its_own(two_threads):
     assert _cpu_threads._pool_pid == os.getpid()
 
 
+def test_the_callers_inference_mode_reaches_every_range(two_threads):
+    """Tensors made in inference mode may only be written in it, and the mode is per
+    thread: a backend called under torch.inference_mode() (as model code is) failed with
+    'Inplace update to inference tensor outside InferenceMode' on its pool thread."""
+    with torch.inference_mode():
+        out = torch.zeros(4)
+
+        def work(lo, hi):
+            out[lo:hi] = torch.is_inference_mode_enabled()
+
+        split_work(work, 4, "cpu")
+    assert out.tolist() == [1.0] * 4
+    modes = []
+    split_work(lambda lo, hi: modes.append(torch.is_inference_mode_enabled()), 2, "cpu")
+    assert modes == [False, False]
+
+
 CASES = [
     ("sliding_window", dict(mask="window(40,3)", heads_q=4, heads_kv=2)),
     ("block_sparse", dict(mask="block_sparse(bigbird)", block_size=16)),
@@ -107,6 +124,10 @@ def test_outputs_and_gradients_do_not_depend_on_the_thread_count(name, knobs, mo
             out = fn(q, k, v)
             grads = torch.autograd.grad(out, (q, k, v), inputs.grad_out) if mode != "fwd" else ()
             results.append((out.detach(), *grads))
+            if mode == "fwd":  # as model code calls it
+                with torch.inference_mode():
+                    torch.testing.assert_close(fn(inputs.q, inputs.k, inputs.v), out.detach(),
+                                               rtol=0, atol=0)
     finally:
         torch.set_num_threads(before)
     for one, two in zip(*results):
