@@ -58,17 +58,20 @@ def split_work(work: Callable[[int, int], None], n_items: int, device) -> None:
     """Call ``work(lo, hi)`` over [0, n_items), in one range per torch CPU thread.
 
     ``work`` must only write what its own range owns. It runs without autograd (these are
-    explicit forward/backward computations), and in inference mode when the caller is in
-    it (grad and inference modes are per thread: tensors the caller made in inference mode
-    may only be written in it). With one thread, one item, or a non-CPU device it is one
-    plain call with torch's own threading.
+    explicit forward/backward computations), in the caller's inference mode and CPU
+    autocast state: these are per thread, so a range on a pool thread would otherwise run
+    without them (tensors made in inference mode may only be written in it, and an
+    autocast caller would get ranges computed in two dtypes). With one thread, one item,
+    or a non-CPU device it is one plain call with torch's own threading.
     """
     threads = torch.get_num_threads()
     parts = ranges(n_items, threads)
     inference = torch.is_inference_mode_enabled()
+    autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
 
     def run(lo: int, hi: int) -> None:
-        with torch.inference_mode(inference), torch.no_grad():
+        with torch.inference_mode(inference), torch.no_grad(), \
+                torch.autocast("cpu", enabled=autocast[0], dtype=autocast[1]):
             work(lo, hi)
 
     if torch.device(device).type != "cpu" or len(parts) < 2:

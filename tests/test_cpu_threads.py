@@ -95,6 +95,20 @@ def test_the_callers_inference_mode_reaches_every_range(two_threads):
     assert modes == [False, False]
 
 
+def test_every_range_computes_under_the_callers_cpu_autocast(two_threads):
+    a = torch.randn(8, 8)
+    dtypes = [None, None]
+
+    def work(lo, hi):
+        dtypes[lo] = torch.mm(a, a).dtype
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        split_work(work, 2, "cpu")
+    assert dtypes == [torch.bfloat16, torch.bfloat16]
+    split_work(work, 2, "cpu")
+    assert dtypes == [torch.float32, torch.float32]
+
+
 CASES = [
     ("sliding_window", dict(mask="window(40,3)", heads_q=4, heads_kv=2)),
     ("block_sparse", dict(mask="block_sparse(bigbird)", block_size=16)),
