@@ -58,16 +58,23 @@ print(json.dumps(peaks))
 """
 
 
-def fresh_process_peaks(backend: str, cases: list[dict]) -> list[int | None]:
+def fresh_process_peaks(backend: str, cases: list[dict], threads: int = 1
+                        ) -> list[int | None]:
     """Best-of-three resident peak of each case's timed closure, in a fresh process.
 
     As in the runner's worker: VmHWM is process-wide, so inside pytest the threads other
     tests leave behind (compilers, profilers) would be counted with the backend's memory.
+    One torch thread by default: the blocked backends share their chunks over threads, and
+    the peak of two threads' temporaries depends on how their chunks happen to overlap in
+    time (block_sparse fwd_bwd at N = 4096 read 32-35 MiB on two threads, 42 on one), which
+    hides the growth in N these tests are about.
     """
     import json
+    import os
     import subprocess
     import sys
 
+    env = os.environ | {"OMP_NUM_THREADS": str(threads)}
     out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, backend, json.dumps(cases)],
-                         capture_output=True, text=True, timeout=300, check=True)
+                         capture_output=True, text=True, timeout=300, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
