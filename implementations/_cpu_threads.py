@@ -4,8 +4,10 @@ A blocked backend (sliding_window, block_sparse, chunked linear) issues hundreds
 ops per call. Left to torch's intra-op threads, every op is its own OpenMP parallel region:
 its threads meet at a barrier hundreds of times a call, and where idle threads sleep
 (``OMP_WAIT_POLICY=PASSIVE``, as attnbench's workers run, or any shared machine) each
-region waits for them to wake. Measured on 2 AVX2 vCPUs, window (255,0), N = 8192, H = 8:
-90 ms with spinning threads, 153 ms with sleeping ones, 117 ms on one thread.
+region waits for them to wake. Recorded on 2 AVX2 vCPUs, window (255,0), N = 8192, H = 8
+(results/2026-12-01-window-threads-cpu-*): one op per region, 160 ms [147, 200] with
+sleeping threads, 77 ms [74, 81] with spinning ones, 125 ms on one thread; split as here,
+77 ms [71, 84] with sleeping threads.
 
 The fused kernels these backends are compared with (sdpa's flash kernel) parallelise once,
 over (batch, head, query block), each thread running its share serially. ``split_work``
