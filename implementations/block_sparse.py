@@ -244,7 +244,7 @@ def _block_forward(q, k, v, plan: BlockPlan, scale: float, chunk_elements: int,
     """Output (B, Hq, Nq, Dv) and, with ``save_p``, P of every chunk (for the backward).
 
     The (head, chunk) items are shared out over the CPU threads (``split_work``); each
-    thread's chunk-sized work buffers serve all of its chunks, and each chunk's result goes
+    piece's chunk-sized work buffers serve all of its chunks, and each chunk's result goes
     straight into its slot of the output, laid out in bucket order (each bucket's rows are
     contiguous there).
     """
@@ -258,7 +258,7 @@ def _block_forward(q, k, v, plan: BlockPlan, scale: float, chunk_elements: int,
     items = [(h, chunk) for h in range(B * Hkv) for chunk in chunks]
     probs: list = [None] * len(items) if save_p else []
 
-    def work(lo: int, hi: int) -> None:  # each thread: buffers for its own largest chunk
+    def work(lo: int, hi: int) -> None:  # each piece: buffers for its own largest chunk
         most = max((c[2] - c[1]) * c[0].kmax for _, c in items[lo:hi])  # key blocks
         k_buf, v_buf = q.new_empty(most, b, D), q.new_empty(most, b, Dv)
         bufs = work_buffers(q, most * G * b * b)

@@ -13,7 +13,7 @@ so all interior blocks share one small bias; only the blocks at the ends have th
 
 The work goes in cache-sized chunks of blocks, one K/V head at a time, shared out over
 the CPU threads by ``split_work`` (one parallel region per call, as a fused kernel has, not
-one per op); each thread's chunk-sized work buffers serve all of its chunks. Work is
+one per op); each piece's chunk-sized work buffers serve all of its chunks. Work is
 ``Nq * (Bq + L + R) * (D + Dv)`` multiply-adds; memory is the output plus the chunk
 buffers in the forward, and O(N * W) saved probabilities under autograd: linear in N for a
 fixed window either way. GQA folds the ``G`` query heads
@@ -215,13 +215,15 @@ def work_buffers(like: torch.Tensor, numel: int) -> list[torch.Tensor]:
     return [like.new_empty(numel, dtype=acc) for _ in range(1 + (acc != like.dtype))]
 
 
-def softmax_probs(q, k, bias, scale: float, bufs, p_out):
+def softmax_probs(q, k, bias, scale: float, bufs, p_out=None):
     """p_out = softmax(scale * q @ k + bias) over the last dim; q (n, M, D), k (n, D, W).
 
     ``bias`` (broadcasts to (n, M, W); or None) is 0 or a huge negative, in ``softmax_dtype``.
     fp32/fp64: one baddbmm, then softmax. fp16/bf16 (as FlashAttention): the scores are
     summed in fp32 and never rounded; scale, bias and softmax are applied in fp32 and only P
-    is rounded, for P @ V. Uses ``work_buffers`` as scratch.
+    is rounded, for P @ V. Uses ``work_buffers`` as scratch; without ``p_out`` (fp32/fp64
+    only) the probabilities overwrite the scores in the first buffer, which halves the
+    chunk's working set in cache.
     """
     shape = (q.shape[0], q.shape[1], k.shape[2])  # (n, M, W)
     numel = shape[0] * shape[1] * shape[2]
@@ -231,7 +233,7 @@ def softmax_probs(q, k, bias, scale: float, bufs, p_out):
             torch.baddbmm(s, q, k, beta=0, alpha=scale, out=s)
         else:
             torch.baddbmm(bias, q, k, alpha=scale, out=s)
-        return torch.softmax(s, dim=-1, out=p_out)
+        return torch.softmax(s, dim=-1, out=s if p_out is None else p_out)
     bmm_acc(q, k, out=s).mul_(scale)  # (n, M, W) fp32
     if bias is not None:
         s.add_(bias)
@@ -317,7 +319,7 @@ def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
                     chunk_elements: int, save_p: bool):
     """Output (B, Hq, Nq, Dv) and, with ``save_p``, P (B*Hkv*nb, G*Bq, W) for the backward.
 
-    The chunks are shared out over the CPU threads (``split_work``); each thread's
+    The chunks are shared out over the CPU threads (``split_work``); each piece's
     chunk-sized work buffers serve all of its chunks (no allocation, and no page faults,
     per chunk) and each chunk's result goes straight into the output.
     """
@@ -333,11 +335,13 @@ def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
 
     def work(lo: int, hi: int) -> None:
         bufs = work_buffers(q, chunk)
-        p_buf = None if save_p else q.new_empty(chunk)
+        # fp32 without autograd: P overwrites the scores (one chunk-sized buffer in cache)
+        p_buf = None if save_p or len(bufs) == 1 else q.new_empty(chunk)
         for h, b0, b1, kc, vc in chunks[lo:hi]:
             rows = slice(h * nb + b0, h * nb + b1)
             n = b1 - b0
-            p_out = p_all[rows] if save_p else p_buf[:n * G * bq * w].view(n, G * bq, w)
+            p_out = (p_all[rows] if save_p else
+                     None if p_buf is None else p_buf[:n * G * bq * w].view(n, G * bq, w))
             # softmax(scale * q k^T + bias); the bias is 0 or a huge negative.
             p = softmax_probs(_rows(qs, h, b0, b1), kc, bias.of(b0, b1), scale, bufs, p_out)
             torch.bmm(p, vc, out=o[rows])  # (n, G*Bq, Dv)

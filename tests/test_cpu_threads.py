@@ -29,18 +29,45 @@ def test_ranges_cover_every_item_once_in_balanced_contiguous_parts(n, parts):
     assert len(cut) == max(1, min(parts, n)) and max(sizes) - min(sizes) <= 1
 
 
-def test_split_work_runs_each_range_once_on_its_own_thread_single_threaded(two_threads):
+def test_split_work_runs_each_item_once_on_both_threads_single_threaded(two_threads):
     seen = []
+    both = threading.Barrier(2, timeout=30)  # each thread's first piece waits for the other
 
     def work(lo, hi):
-        seen.append((lo, hi, threading.get_ident(), torch.get_num_threads(),
-                     torch.is_grad_enabled()))
+        ident = threading.get_ident()
+        if ident not in {i for *_, i, _, _ in seen}:
+            seen.append((lo, hi, ident, torch.get_num_threads(), torch.is_grad_enabled()))
+            both.wait()
+        else:
+            seen.append((lo, hi, ident, torch.get_num_threads(), torch.is_grad_enabled()))
 
     split_work(work, 9, "cpu")
-    assert sorted((lo, hi) for lo, hi, *_ in seen) == [(0, 5), (5, 9)]
+    items = sorted(i for lo, hi, *_ in seen for i in range(lo, hi))
+    assert items == list(range(9))  # every item once
+    assert all(hi - lo == 1 for lo, hi, *_ in seen)  # 9 items, 16 pieces wanted: one each
     assert len({ident for _, _, ident, _, _ in seen}) == 2  # two threads
     assert all(t == 1 and not grad for *_, t, grad in seen)  # ops on the caller's thread
     assert torch.get_num_threads() == 2  # restored
+
+
+def test_a_slowed_thread_leaves_the_remaining_pieces_to_the_other(two_threads):
+    """Fixed halves would leave half the items to the slowed thread: here the piece that
+    is held up waits until every other piece has run, which only the other thread can do."""
+    n = 2 * 4  # 2 threads x 4 pieces: one item a piece
+    done, held = [], []
+    others_done = threading.Event()
+
+    def work(lo, hi):
+        if not held:
+            held.append(threading.get_ident())
+            assert others_done.wait(timeout=30), "the other thread did not take the pieces"
+        else:
+            done.append((lo, threading.get_ident()))
+            if len(done) == n - 1:
+                others_done.set()
+
+    split_work(work, n, "cpu", pieces_per_thread=4)
+    assert len(done) == n - 1 and held[0] not in {t for _, t in done}
 
 
 def test_one_thread_or_one_item_is_one_plain_call(two_threads):
@@ -51,18 +78,19 @@ def test_one_thread_or_one_item_is_one_plain_call(two_threads):
     assert calls == [(0, 1, 2), (0, 6, 1)]
 
 
-def test_an_error_in_a_range_is_raised_after_every_range_ended_and_threads_are_restored(
-        two_threads):
-    finished = []
+def test_an_error_is_raised_after_the_running_pieces_ended(two_threads):
+    started, ended = [], []
 
     def work(lo, hi):
+        started.append(lo)
         if lo == 0:
-            raise ValueError("range 0 failed")
-        finished.append(lo)
+            raise ValueError("piece 0 failed")
+        ended.append(lo)
 
-    with pytest.raises(ValueError, match="range 0 failed"):
-        split_work(work, 4, "cpu")
-    assert finished == [2] and torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="piece 0 failed"):
+        split_work(work, 64, "cpu", pieces_per_thread=32)
+    assert sorted(ended) == sorted(s for s in started if s != 0)  # none left running
+    assert torch.get_num_threads() == 2
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
