@@ -262,7 +262,8 @@ def _block_forward(q, k, v, plan: BlockPlan, scale: float, chunk_elements: int,
         most = max((c[2] - c[1]) * c[0].kmax for _, c in items[lo:hi])  # key blocks
         k_buf, v_buf = q.new_empty(most, b, D), q.new_empty(most, b, Dv)
         bufs = work_buffers(q, most * G * b * b)
-        p_buf = None if save_p else q.new_empty(most * G * b * b)
+        # fp32 without autograd: P overwrites the scores (one chunk-sized buffer in cache)
+        p_buf = None if save_p or len(bufs) == 1 else q.new_empty(most * G * b * b)
         for i in range(lo, hi):
             h, chunk = items[i]
             bucket, r0, r1, pos, _ = chunk
@@ -270,7 +271,8 @@ def _block_forward(q, k, v, plan: BlockPlan, scale: float, chunk_elements: int,
             kc = _gather(kb, h, chunk, k_buf[:m])  # (n, kmax*b, D) gathered keys
             vc = _gather(vb, h, chunk, v_buf[:m])  # (n, kmax*b, Dv) gathered values
             shape = (n, G * b, bucket.kmax * b)  # (n, G*b, kmax*b)
-            p_out = q.new_empty(shape) if save_p else p_buf[:m * G * b * b].view(shape)
+            p_out = (q.new_empty(shape) if save_p else
+                     None if p_buf is None else p_buf[:m * G * b * b].view(shape))
             # softmax(scale * q k^T + bias); the bias hides padding keys (None: nothing)
             p = softmax_probs(_rows(qs, h, chunk), kc.transpose(1, 2), _bias(chunk), scale,
                               bufs, p_out)
