@@ -272,18 +272,31 @@ def _from_rows(x, plan: WindowPlan, B: int, Hq: int, Nq: int) -> torch.Tensor:
     return x[:, :, :Nq]
 
 
-def _add_spans(acc, b0: int, x) -> None:
+def span_index(plan: WindowPlan, n: int, device) -> torch.Tensor:
+    """(n * W,) row of each (block, span column) of n consecutive query blocks, counted from
+    the first block's span start: block i's column c is key row i * Bq + c."""
+    rows = torch.arange(n)[:, None] * plan.block + torch.arange(plan.width)[None, :]
+    return rows.reshape(-1).to(device)  # (n * W,)
+
+
+def _add_spans(acc, b0: int, x, index: torch.Tensor | None = None) -> None:
     """acc (n_span_blocks, Bq, E) += x (n, W, E), the key spans of query blocks b0, b0+1, ...
 
-    Block b's span starts Bq keys after block b-1's, so column c of it is row c % Bq of span
-    block b + c // Bq: cut the spans into Bq-wide segments; one segment of consecutive blocks
-    lands on consecutive, disjoint span blocks (one in-place add, in acc's dtype)."""
-    n, w, _ = x.shape
+    Block b's span starts Bq keys after block b-1's. On a CPU (``index`` from
+    ``span_index``) it is one ``index_add_`` over the span rows, in order (deterministic):
+    the loop below issued 2 * ceil(W / Bq) small ops a call, and Python's few us per op
+    were most of the backward's overhead. Elsewhere (CUDA's index_add_ adds in no fixed
+    order) the spans are cut into Bq-wide segments; one segment of consecutive blocks lands
+    on consecutive, disjoint span blocks (one in-place add, in acc's dtype)."""
+    n, w, e = x.shape
     bq = acc.shape[1]
+    if index is not None:
+        acc.view(-1, e)[b0 * bq:].index_add_(0, index[:n * w], x.reshape(n * w, e))
+        return
     for c0 in range(0, w, bq):
         c = min(bq, w - c0)
         t = b0 + c0 // bq
-        acc[t:t + n, :c] += x[:, c0:c0 + c]
+        acc[t:t + n, :c].add_(x[:, c0:c0 + c])
 
 
 def _span_keys(acc, plan: WindowPlan, like) -> torch.Tensor:
@@ -373,8 +386,10 @@ def _window_backward(q, k, v, p_all, do, plan: WindowPlan, bias: WindowBias, sca
     dk = q.new_zeros(B * Hkv, span_blocks, bq, D, dtype=acc)  # (B*Hkv, span_blocks, Bq, D)
     dv = q.new_zeros(B * Hkv, span_blocks, bq, Dv, dtype=acc)  # (B*Hkv, span_blocks, Bq, Dv)
     dq = q.new_empty(B * Hkv * nb, G * bq, D)  # (B*Hkv*nb, G*Bq, D)
+    per = _blocks_per_chunk(plan, G, chunk_elements)
+    index = span_index(plan, min(per, nb), q.device) if q.device.type == "cpu" else None
     by_head: dict[int, list] = {}
-    for c in _chunks(k, v, plan, bias, _blocks_per_chunk(plan, G, chunk_elements)):
+    for c in _chunks(k, v, plan, bias, per):
         by_head.setdefault(c[0], []).append(c)
     heads = list(by_head.values())
 
@@ -382,10 +397,10 @@ def _window_backward(q, k, v, p_all, do, plan: WindowPlan, bias: WindowBias, sca
         for h, b0, b1, kc, vc in (c for chunks in heads[lo:hi] for c in chunks):
             rows = slice(h * nb + b0, h * nb + b1)
             p, doc = p_all[rows], _rows(dos, h, b0, b1)  # (n, G*Bq, W), (n, G*Bq, Dv)
-            _add_spans(dv[h], b0, bmm_acc(p.transpose(1, 2), doc))  # (n, W, Dv)
+            _add_spans(dv[h], b0, bmm_acc(p.transpose(1, 2), doc), index)  # (n, W, Dv)
             ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n, G*Bq, W)
             bmm_acc(ds, kc.transpose(1, 2), out=dq[rows])  # (n, G*Bq, D)
-            _add_spans(dk[h], b0, bmm_acc(ds.transpose(1, 2), _rows(qs, h, b0, b1)))
+            _add_spans(dk[h], b0, bmm_acc(ds.transpose(1, 2), _rows(qs, h, b0, b1)), index)
 
     split_work(work, len(heads), q.device)
     return _from_rows(dq, plan, B, Hq, Nq), _span_keys(dk, plan, k), _span_keys(dv, plan, v)

@@ -10,7 +10,9 @@ from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
 from attnbench.core.reference import case_reference
 from attnbench.implementations.sliding_window import (
     SlidingWindow,
+    _add_spans,
     sliding_window_attention,
+    span_index,
     window_bias,
     window_plan,
 )
@@ -124,6 +126,25 @@ def test_chunking_does_not_change_the_result():
     one_block = sliding_window_attention(*args, chunk_elements=1)  # a chunk per block
     whole = sliding_window_attention(*args, chunk_elements=1 << 30)  # one chunk per head
     assert torch.allclose(one_block, whole, atol=1e-6)
+
+
+@pytest.mark.parametrize("left, right", [(7, 3), (0, 0), (30, 0)])
+def test_span_sums_by_index_equal_the_segment_loop_and_a_direct_sum(left, right):
+    """The CPU path (one index_add_) and the CUDA path (Bq-wide segments) add each span
+    column into the row of its key."""
+    plan = window_plan(200, 200, left, right)
+    n, b0, e = 3, 2, 5
+    x = torch.randn(n, plan.width, e, dtype=torch.float64)
+    span_blocks = plan.n_blocks - 1 + -(-plan.width // plan.block)
+    by_index = torch.zeros(span_blocks, plan.block, e, dtype=torch.float64)
+    by_loop = torch.zeros_like(by_index)
+    _add_spans(by_index, b0, x, span_index(plan, n + 2, "cpu"))  # a longer index is cut
+    _add_spans(by_loop, b0, x)
+    direct = torch.zeros(span_blocks * plan.block, e, dtype=torch.float64)
+    for i in range(n):
+        for c in range(plan.width):
+            direct[(b0 + i) * plan.block + c] += x[i, c]
+    assert torch.allclose(by_index.view(-1, e), direct) and torch.allclose(by_loop, by_index)
 
 
 def test_declares_unbounded_masks_unsupported():
