@@ -330,11 +330,16 @@ def _blocks_per_chunk(plan: WindowPlan, group: int, chunk_elements: int) -> int:
 
 def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
                     chunk_elements: int, save_p: bool):
-    """Output (B, Hq, Nq, Dv) and, with ``save_p``, P (B*Hkv*nb, G*Bq, W) for the backward.
+    """Output (B, Hq, Nq, Dv) and, with ``save_p``, P of every chunk for the backward:
+    {(h, b0): (n, G*Bq, W)}.
 
     The chunks are shared out over the CPU threads (``split_work``); each piece's
     chunk-sized work buffers serve all of its chunks (no allocation, and no page faults,
-    per chunk) and each chunk's result goes straight into the output.
+    per chunk) and each chunk's result goes straight into the output. P is kept as one
+    tensor per chunk rather than one (B*Hkv*nb, G*Bq, W) tensor: chunk-sized blocks come
+    back from malloc's heap call after call, while one block of tens of MiB is mapped
+    afresh each call and its page faults and zeroing land in the softmax (most of its
+    time at N = 4096, fwd_bwd).
     """
     B, Hq, Nq, _ = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
@@ -343,7 +348,7 @@ def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
     per = _blocks_per_chunk(plan, G, chunk_elements)
     chunk = min(per, nb) * G * bq * w  # scores in the largest chunk
     o = q.new_empty(B * Hkv * nb, G * bq, Dv)  # (B*Hkv*nb, G*Bq, Dv)
-    p_all = q.new_empty(B * Hkv * nb, G * bq, w) if save_p else None  # (B*Hkv*nb, G*Bq, W)
+    probs: dict[tuple[int, int], torch.Tensor] = {}  # (h, b0) -> (n, G*Bq, W)
     chunks = list(_chunks(k, v, plan, bias, per))
 
     def work(lo: int, hi: int) -> None:
@@ -353,20 +358,22 @@ def _window_forward(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
         for h, b0, b1, kc, vc in chunks[lo:hi]:
             rows = slice(h * nb + b0, h * nb + b1)
             n = b1 - b0
-            p_out = (p_all[rows] if save_p else
+            p_out = (q.new_empty(n, G * bq, w) if save_p else
                      None if p_buf is None else p_buf[:n * G * bq * w].view(n, G * bq, w))
             # softmax(scale * q k^T + bias); the bias is 0 or a huge negative.
             p = softmax_probs(_rows(qs, h, b0, b1), kc, bias.of(b0, b1), scale, bufs, p_out)
             torch.bmm(p, vc, out=o[rows])  # (n, G*Bq, Dv)
+            if save_p:
+                probs[h, b0] = p  # each chunk is one thread's: distinct keys
 
     split_work(work, len(chunks), q.device)
     o = _from_rows(o, plan, B, Hq, plan.padded_q)  # (B, Hq, nb*Bq, Dv)
     if bias.keep is not None:
         o = o * bias.keep.to(o.dtype)  # rows that see no key output 0
-    return o[:, :, :Nq], p_all  # (B, Hq, Nq, Dv)
+    return o[:, :, :Nq], probs  # (B, Hq, Nq, Dv)
 
 
-def _window_backward(q, k, v, p_all, do, plan: WindowPlan, bias: WindowBias, scale: float,
+def _window_backward(q, k, v, probs, do, plan: WindowPlan, bias: WindowBias, scale: float,
                      chunk_elements: int):
     """dq, dk, dv from the saved P, chunk by chunk as in the forward.
 
@@ -396,7 +403,7 @@ def _window_backward(q, k, v, p_all, do, plan: WindowPlan, bias: WindowBias, sca
     def work(lo: int, hi: int) -> None:  # whole K/V heads: dk[h], dv[h] have one writer
         for h, b0, b1, kc, vc in (c for chunks in heads[lo:hi] for c in chunks):
             rows = slice(h * nb + b0, h * nb + b1)
-            p, doc = p_all[rows], _rows(dos, h, b0, b1)  # (n, G*Bq, W), (n, G*Bq, Dv)
+            p, doc = probs[h, b0], _rows(dos, h, b0, b1)  # (n, G*Bq, W), (n, G*Bq, Dv)
             _add_spans(dv[h], b0, bmm_acc(p.transpose(1, 2), doc), index)  # (n, W, Dv)
             ds = score_grad(p, bmm_acc(doc, vc.transpose(1, 2)), scale)  # (n, G*Bq, W)
             bmm_acc(ds, kc.transpose(1, 2), out=dq[rows])  # (n, G*Bq, D)
@@ -411,16 +418,17 @@ class _WindowAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan, bias, scale, chunk_elements):
-        o, p_all = _window_forward(q, k, v, plan, bias, scale, chunk_elements, save_p=True)
-        ctx.save_for_backward(q, k, v, p_all)
+        o, probs = _window_forward(q, k, v, plan, bias, scale, chunk_elements, save_p=True)
+        ctx.save_for_backward(q, k, v)
+        ctx.probs = probs  # intermediates (neither inputs nor outputs) may live on ctx
         ctx.args = (plan, bias, scale, chunk_elements)
         return o
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do):
-        q, k, v, p_all = ctx.saved_tensors
-        return (*_window_backward(q, k, v, p_all, do, *ctx.args), None, None, None, None)
+        q, k, v = ctx.saved_tensors
+        return (*_window_backward(q, k, v, ctx.probs, do, *ctx.args), None, None, None, None)
 
 
 def sliding_window_attention(q, k, v, plan: WindowPlan, bias: WindowBias, scale: float,
