@@ -29,12 +29,15 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import allowed_rows
 from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations._cpu_threads import split_work
+from attnbench.implementations._linear_features import elu1, elu1_into, phi_head
+from attnbench.implementations._linear_grad import global_backward
 
 FEATURE_MAPS = ("elu", "favor")
 CHUNK = 64  # keys per chunk of the causal prefix sum
@@ -66,25 +69,6 @@ def favor_projection(case, device=None, dtype=torch.float64) -> torch.Tensor:
     w = torch.cat(blocks, dim=0)[:m]  # (m, D)
     norms = torch.randn(m, D, generator=gen, dtype=torch.float64).norm(dim=1, keepdim=True)
     return (w * norms).to(device=device or "cpu", dtype=dtype)
-
-
-LOG2E = 1.0 / math.log(2.0)
-
-
-def elu1(x: torch.Tensor) -> torch.Tensor:
-    """elu(x) + 1 as ``relu(x) + 2^(log2(e) min(x, 0))``.
-
-    exp2 costs about half of exp here and elu's expm1 about twice exp; the result is more
-    accurate than ``elu(x) + 1`` (fp32, x < 0: mean relative error 1.5e-8 against 2.2e-8,
-    largest 2.6e-7 against 4.4e-6: expm1 then + 1 rounds twice). relu's zero slope at 0
-    keeps the gradient at 0 equal to elu's (1)."""
-    return torch.exp2(x.clamp_max(0.0) * LOG2E) + F.relu(x)
-
-
-def elu1_into(x: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
-    """``elu1(x)`` written into ``out`` (``tmp`` of the same shape is scratch), no autograd."""
-    torch.clamp_max(x, 0.0, out=out).mul_(LOG2E).exp2_()
-    return out.add_(torch.clamp_min(x, 0.0, out=tmp))
 
 
 def scaled_projection(proj: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -228,7 +212,7 @@ def _key_state(k2, v2, proj_s, half_scale, rows, bufs):
     return s, z
 
 
-def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf):
+def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf, states=None):
     """Non-causal without autograd (elu, or FAVOR+ with ``proj_s``), one head at a time.
 
     qc (B, Hq, Nq, D), kc (B, Hkv, Nk, D), vc (B, Hkv, Nk, Dv) -> (B, Hq, Nq, Dv). Blocks of
@@ -236,7 +220,7 @@ def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf):
     (``STREAM``: large blocks, few ops); the output of a block is written in place by one
     matmul with S (F x Dv, a SIMD-friendly width) and divided by ``phi(Q) z`` (a
     matrix-vector product): no ones column, no strided division. The only large allocation
-    is the output.
+    is the output. ``states`` (a dict) receives each K/V head's (S, z) for the backward.
     """
     B, Hq, Nq, D = qc.shape
     Hkv, Nk, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
@@ -255,6 +239,8 @@ def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf):
         for h in range(h0, h1):
             s, z = _key_state(k3[h], v3[h], proj_s, half_scale, min(rows, Nk) or 1,
                               (fbuf, tbuf, ebuf))
+            if states is not None:
+                states[h] = (s, z)  # each head is one thread's: distinct keys
             for i in range(h * G, (h + 1) * G):
                 for r0 in range(0, Nq, rows):
                     r1 = min(Nq, r0 + rows)
@@ -271,18 +257,6 @@ def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf):
 
     split_work(work, B * Hkv, qc.device)
     return out  # (B, Hq, Nq, Dv)
-
-
-def _phi_head(x, proj_s, half_scale, out, tmp, keys: bool):
-    """phi of one head's rows x (N, D) into ``out`` (N, F), no autograd, as ``feature_fn``:
-    elu+1, or FAVOR+ shifted by the row maximum (queries) or the maximum over all keys."""
-    if proj_s is None:
-        return elu1_into(x, out, tmp)
-    torch.mm(x, proj_s.T, out=out)  # (N, m)
-    if keys:
-        out.sub_((x * x).sum(dim=-1, keepdim=True).mul_(half_scale))
-        return out.sub_(out.max()).exp_()
-    return out.sub_(out.amax(dim=-1, keepdim=True)).exp_()
 
 
 def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
@@ -311,14 +285,14 @@ def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
         a = qc.new_empty(nc, C, C)  # intra-chunk products
         den = qc.new_empty(nc, C)
         for h in range(h0, h1):
-            _phi_head(k3[h], proj_s, half_scale, fk, tmp, keys=True)
+            phi_head(k3[h], proj_s, half_scale, fk, tmp, keys=True)
             fkc, vch = fk.view(nc, C, Fd), v3[h].view(nc, C, Dv)
             s = torch.bmm(fkc.transpose(1, 2), vch)  # (nc, F, Dv) per chunk
             for c in range(1, nc):  # inclusive prefix sum; cumsum over the outer dim ran
                 s[c].add_(s[c - 1])  # at 14 ns an element here, 36% of the call
             z = fkc.sum(dim=1).cumsum_(0).unsqueeze(-1)  # (nc, F, 1) inclusive
             for i in range(h * G, (h + 1) * G):
-                _phi_head(q3[i], proj_s, half_scale, fq, tmp, keys=False)
+                phi_head(q3[i], proj_s, half_scale, fq, tmp, keys=False)
                 fqc, o = fq.view(nc, C, Fd), o3[i]  # (nc, C, F), (nc, C, Dv)
                 torch.bmm(fqc, fkc.transpose(1, 2), out=a).masked_fill_(later, 0.0)
                 torch.bmm(a, vch, out=o)  # keys of the own chunk
@@ -333,14 +307,38 @@ def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
     return out  # (B, Hq, N, Dv)
 
 
+class _GlobalLinear(torch.autograd.Function):
+    """Non-causal linear attention with the explicit backward of ``_linear_grad``: the
+    forward is the streamed one, keeping only each head's (S, z) and the output."""
+
+    @staticmethod
+    def forward(ctx, qc, kc, vc, G, proj_s, half_scale, buf):
+        states: dict = {}
+        out = _global_stream(qc, kc, vc, G, proj_s, half_scale, buf, states)
+        ctx.save_for_backward(qc, kc, vc, out)
+        ctx.states = states  # intermediates (neither inputs nor outputs) may live on ctx
+        ctx.args = (G, proj_s, half_scale)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        qc, kc, vc, out = ctx.saved_tensors
+        grads = global_backward(qc, kc, vc, out, dout.contiguous(), ctx.states, *ctx.args)
+        return (*grads, None, None, None, None)
+
+
 def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
-                     block: int | None = None):
+                     block: int | None = None, explicit_backward: bool = True):
     """The backend's computation, in fp32 for fp16/bf16 inputs and float64 for float64.
 
     Queries go in blocks of ``block`` rows (the causal state carried from block to
     block), so temporaries stay O(block) and the one O(N) allocation per input is phi(K).
     The default block is BLOCK rows for causal, and for non-causal as many rows as keep
     phi(Q) of a block under QBUDGET elements (all of them for elu at N = 8192, H = 8).
+    Under autograd the non-causal form has an explicit backward (``_linear_grad``);
+    ``explicit_backward=False`` differentiates the formula with autograd instead (the
+    float64 reference does, so that the backend's gradients are checked against it).
     """
     B, Hq, Nq, _ = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -351,11 +349,14 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
     qc, vc = q.to(cdt), v.to(cdt)
     if not causal:
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        feats = q.shape[-1] if proj is None else proj.shape[0]
+        rows = block * feats if block else STREAM
+        half_scale = 0.5 * case.softmax_scale
         if not grad:
-            feats = q.shape[-1] if proj is None else proj.shape[0]
-            rows = block * feats if block else STREAM
-            return _global_stream(qc, k.to(cdt), vc, G, proj_s, 0.5 * case.softmax_scale,
-                                  rows).to(q.dtype)
+            return _global_stream(qc, k.to(cdt), vc, G, proj_s, half_scale, rows).to(q.dtype)
+        if explicit_backward:
+            return _GlobalLinear.apply(qc, k.to(cdt), vc, G, proj_s, half_scale,
+                                       rows).to(q.dtype)
         fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
         return _global(qc, fk, vc, phi_q, G, block, not grad).to(q.dtype)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -477,7 +478,8 @@ class Linear(Backend):
                 return RefResult(linear_attention(q, k, v, case, proj, causal=False))
             q, k, v = (t.requires_grad_(True) for t in (q, k, v))
             with torch.enable_grad():
-                out = linear_attention(q, k, v, case, proj, causal=False)
+                out = linear_attention(q, k, v, case, proj, causal=False,
+                                       explicit_backward=False)  # autograd: an independent check
                 dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out.to(torch.float64))
             return RefResult(out.detach(), dq, dk, dv)
         # causal: the masked quadratic form, chunk by chunk over query rows

@@ -252,12 +252,33 @@ def test_streamed_elu_path_matches_one_shot_and_allocates_only_the_output(dtype)
             got = L.linear_attention(inputs.q, inputs.k, inputs.v, case, None, False, block=8)
         whole = L.linear_attention(inputs.q, inputs.k, inputs.v, case, None, False)
     q, k, v = (t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    one_shot = L.linear_attention(q, k, v, case, None, False).detach()  # the autograd path
+    one_shot = L.linear_attention(q, k, v, case, None, False,
+                                  explicit_backward=False).detach()  # the autograd path
     assert got.shape == one_shot.shape and got.dtype == one_shot.dtype == case.torch_dtype
     tol = 1e-6 if dtype == "float32" else 1e-2
     assert rel(got, one_shot) < tol and rel(whole, one_shot) < tol
     if dtype == "float32":  # (bf16 converts k to fp32 first: a k-sized copy)
         assert spy.largest_numel <= inputs.q.numel() < inputs.k.numel()  # the output, not phi(K)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+@pytest.mark.parametrize("shape", [(4, 2, 37, 61), (2, 2, 50, 23), (3, 1, 40, 40)])
+def test_explicit_non_causal_backward_equals_autograd(feature_map, shape):
+    """The explicit backward (_linear_grad) against autograd on the same formula, float64:
+    GQA, seq_q != seq_k, keys streamed in several blocks (block=7 rows), favor's shifts."""
+    hq, hkv, nq, nk = shape
+    case = small(heads_q=hq, heads_kv=hkv, seq_q=nq, seq_k=nk, feature_map=feature_map,
+                 dtype="float64")
+    inputs = case.make_inputs()
+    proj = L.favor_projection(case) if feature_map == "favor" else None
+    go = torch.randn(2, hq, nq, 8, dtype=torch.float64)
+    grads = []
+    for explicit in (True, False):
+        qkv = [t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v)]
+        out = L.linear_attention(*qkv, case, proj, False, block=7, explicit_backward=explicit)
+        grads.append((out.detach(), *torch.autograd.grad(out, qkv, go)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *grads):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), name
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
