@@ -37,7 +37,7 @@ from attnbench.core.masks import allowed_rows
 from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations._cpu_threads import split_work
 from attnbench.implementations._linear_features import elu1, elu1_into, phi_head
-from attnbench.implementations._linear_grad import global_backward
+from attnbench.implementations._linear_grad import causal_backward, global_backward
 
 FEATURE_MAPS = ("elu", "favor")
 CHUNK = 64  # keys per chunk of the causal prefix sum
@@ -259,7 +259,7 @@ def _global_stream(qc, kc, vc, G, proj_s, half_scale, buf, states=None):
     return out  # (B, Hq, Nq, Dv)
 
 
-def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
+def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C, states=None):
     """Causal (seq_q == seq_k, a multiple of C) without autograd, one head at a time.
 
     Per chunk of C keys the state ``phi(K_c)^T V_c`` (F, Dv) and ``phi(K_c)^T 1``; their
@@ -267,7 +267,8 @@ def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
     (a slice, no shifted copy). A chunk's output is ``phi(Q_c) S_<c`` plus the masked C x C
     product inside the chunk, written in place into the output and divided by the same
     two terms with 1 in place of V: no ones column (V's width stays SIMD-friendly), no
-    concatenations. qc (B, Hq, N, D), kc (B, Hkv, N, D), vc (B, Hkv, N, Dv).
+    concatenations. qc (B, Hq, N, D), kc (B, Hkv, N, D), vc (B, Hkv, N, Dv). ``states``
+    (a dict) receives each K/V head's inclusive prefix sums (S, z) for the backward.
     """
     B, Hq, N, D = qc.shape
     Hkv, Dv = kc.shape[1], vc.shape[-1]
@@ -291,6 +292,8 @@ def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C):
             for c in range(1, nc):  # inclusive prefix sum; cumsum over the outer dim ran
                 s[c].add_(s[c - 1])  # at 14 ns an element here, 36% of the call
             z = fkc.sum(dim=1).cumsum_(0).unsqueeze(-1)  # (nc, F, 1) inclusive
+            if states is not None:
+                states[h] = (s, z)  # each head is one thread's: distinct keys
             for i in range(h * G, (h + 1) * G):
                 phi_head(q3[i], proj_s, half_scale, fq, tmp, keys=False)
                 fqc, o = fq.view(nc, C, Fd), o3[i]  # (nc, C, F), (nc, C, Dv)
@@ -328,6 +331,28 @@ class _GlobalLinear(torch.autograd.Function):
         return (*grads, None, None, None, None)
 
 
+class _CausalLinear(torch.autograd.Function):
+    """Causal linear attention (seq_q == seq_k, a multiple of the chunk) with the explicit
+    backward of ``_linear_grad``: the forward is ``_causal_stream``, keeping each head's
+    prefix-summed states (O(N F Dv / C)) and the output."""
+
+    @staticmethod
+    def forward(ctx, qc, kc, vc, G, proj_s, half_scale, chunk):
+        states: dict = {}
+        out = _causal_stream(qc, kc, vc, G, proj_s, half_scale, chunk, states)
+        ctx.save_for_backward(qc, kc, vc, out)
+        ctx.states = states  # intermediates (neither inputs nor outputs) may live on ctx
+        ctx.args = (G, proj_s, half_scale, chunk)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        qc, kc, vc, out = ctx.saved_tensors
+        grads = causal_backward(qc, kc, vc, out, dout.contiguous(), ctx.states, *ctx.args)
+        return (*grads, None, None, None, None)
+
+
 def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
                      block: int | None = None, explicit_backward: bool = True):
     """The backend's computation, in fp32 for fp16/bf16 inputs and float64 for float64.
@@ -336,7 +361,8 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
     block), so temporaries stay O(block) and the one O(N) allocation per input is phi(K).
     The default block is BLOCK rows for causal, and for non-causal as many rows as keep
     phi(Q) of a block under QBUDGET elements (all of them for elu at N = 8192, H = 8).
-    Under autograd the non-causal form has an explicit backward (``_linear_grad``);
+    Under autograd the non-causal form, and the causal one with seq_q == seq_k a multiple
+    of the chunk, have an explicit backward (``_linear_grad``);
     ``explicit_backward=False`` differentiates the formula with autograd instead (the
     float64 reference does, so that the backend's gradients are checked against it).
     """
@@ -360,9 +386,10 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
         fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
         return _global(qc, fk, vc, phi_q, G, block, not grad).to(q.dtype)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if not grad and Nq == Nk and Nk % chunk == 0:
-        return _causal_stream(qc, k.to(cdt), vc, G, proj_s, 0.5 * case.softmax_scale,
-                              chunk).to(q.dtype)
+    if Nq == Nk and Nk % chunk == 0 and (not grad or explicit_backward):
+        args = (qc, k.to(cdt), vc, G, proj_s, 0.5 * case.softmax_scale, chunk)
+        out = _CausalLinear.apply(*args) if grad else _causal_stream(*args)
+        return out.to(q.dtype)
     fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
     block = block or BLOCK
     outs = []

@@ -282,6 +282,27 @@ def test_explicit_non_causal_backward_equals_autograd(feature_map, shape):
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
+@pytest.mark.parametrize("shape, chunk", [((4, 2, 40), 5), ((3, 3, 35), 7), ((2, 1, 8), 8)])
+def test_explicit_causal_backward_equals_autograd(feature_map, shape, chunk):
+    """The explicit causal backward against autograd on the chunked formula, float64: GQA,
+    several chunks (states flowing across them) and a single chunk."""
+    hq, hkv, n = shape
+    case = small(heads_q=hq, heads_kv=hkv, seq_q=n, seq_k=n, feature_map=feature_map,
+                 mask="causal", dtype="float64")
+    inputs = case.make_inputs()
+    proj = L.favor_projection(case) if feature_map == "favor" else None
+    go = torch.randn(2, hq, n, 8, dtype=torch.float64)
+    grads = []
+    for explicit in (True, False):
+        qkv = [t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v)]
+        out = L.linear_attention(*qkv, case, proj, True, chunk=chunk,
+                                 explicit_backward=explicit)
+        grads.append((out.detach(), *torch.autograd.grad(out, qkv, go)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *grads):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), name
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
 def test_streamed_causal_path_matches_the_autograd_path(feature_map):
     """Causal without autograd (seq_q == seq_k, a multiple of the chunk) goes head by head
     through _causal_stream: the same numbers as the chunked autograd form, GQA included."""
