@@ -176,8 +176,12 @@ def test_peak_memory_grows_linearly(mode):
     if None in measured:
         pytest.skip("peak memory is not measurable on this platform")
     peaks = dict(zip(sizes, measured))
-    # Linear plus the global rows (O(N) each): allow a little over 2x per doubling.
-    assert peaks[8192] <= 2.5 * peaks[4096] <= 2.5 ** 2 * peaks[2048], peaks
+    # Linear plus the global rows (O(N) each): a little over 2x per doubling, 16x over
+    # two if it were quadratic. Over two doublings, since one can read 3x: the peaks are a
+    # few MiB here and resident memory grows in 2 MiB steps where transparent huge pages
+    # back an allocation (N = 8192 read 10.5 or 12.6 MiB for the same computation).
+    assert peaks[8192] <= 2.5 ** 2 * peaks[2048], peaks
+    assert peaks[8192] <= 3.2 * peaks[4096] and peaks[4096] <= 3.2 * peaks[2048], peaks
     # About 5% of the tiles at N = 8192: far below one dense (H, N, N) fp32 score matrix even
     # with the probabilities and gathered K/V that autograd keeps for the backward.
     assert peaks[8192] < 4 * 8192 * 8192 * 4 / 4, peaks
