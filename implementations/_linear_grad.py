@@ -77,7 +77,6 @@ def causal_backward(qc, kc, vc, out, dout, states, G, proj_s, half_scale, C):
     q3, do3, o3 = (t.reshape(B * Hq, N, -1) for t in (qc, dout, out))
     k3, v3 = kc.reshape(B * Hkv, N, D), vc.reshape(B * Hkv, N, Dv)
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
-    later = torch.ones(C, C, dtype=torch.bool, device=qc.device).triu_(1)  # key > query
     tiny = torch.finfo(qc.dtype).tiny
 
     def work(h0: int, h1: int) -> None:  # K/V heads [h0, h1) and their query heads
@@ -95,14 +94,14 @@ def causal_backward(qc, kc, vc, out, dout, states, G, proj_s, half_scale, C):
             for i in range(h * G, (h + 1) * G):
                 fq = phi_head(q3[i], proj_s, half_scale, f, t, keys=False)  # (N, F)
                 fqc, oc = fq.view(nc, C, Fd), o3[i].view(nc, C, Dv)
-                torch.bmm(fqc, fkc.transpose(1, 2), out=a).masked_fill_(later, 0.0)
+                torch.bmm(fqc, fkc.transpose(1, 2), out=a).tril_()  # key <= query
                 den = a.sum(dim=-1, keepdim=True)  # (nc, C, 1)
                 if nc > 1:
                     den[1:].baddbmm_(fqc[1:], z[:-1])
                 torch.div(do3[i].view(nc, C, Dv), den.clamp_(min=tiny), out=dnum)
                 dden = (dnum * oc).sum(dim=-1, keepdim=True).neg_()  # (nc, C, 1)
                 torch.bmm(dnum, vch.transpose(1, 2), out=da).add_(dden)  # (nc, C, C)
-                da.masked_fill_(later, 0.0)
+                da.tril_()
                 dfq = torch.bmm(da, fkc, out=t.view(nc, C, Fd))  # (nc, C, F)
                 if nc > 1:  # through the states of earlier chunks
                     dfq[1:].baddbmm_(dnum[1:], s[:-1].transpose(1, 2))
