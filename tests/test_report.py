@@ -274,7 +274,7 @@ def test_shipped_suites_declare_their_comparisons():
     window = family["window-vs-causal"]
     assert (window.baseline, window.pair) == ("sdpa", "shape")
     assert window.baseline_where == {"mask": ["causal"]}
-    assert window.backends_where == {"mask": ["window(255,0)"]}
+    assert window.backends_where == {"mask": ["window(255,0)"], "mode": ["fwd"]}
     declared, note = declared_comparisons({"suite": "family",
                                                "suite_path": "suites/family.toml"})
     assert note == "" and "family-window-vs-causal" in {c.slug for c in declared}
