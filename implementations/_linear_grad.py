@@ -21,10 +21,11 @@ from attnbench.implementations._cpu_threads import split_work
 from attnbench.implementations._linear_features import phi_grad_into, phi_head
 
 
-def global_backward(qc, kc, vc, out, dout, states, G, proj_s, half_scale):
+def global_backward(qc, kc, vc, out, dout, states, G, proj_s, half_scale, buf=None):
     """dq, dk, dv of the non-causal form. qc (B, Hq, Nq, D), kc (B, Hkv, Nk, D), vc (B, Hkv,
     Nk, Dv), out and dout (B, Hq, Nq, Dv), all in one dtype; ``states[h]`` = (S, z) of K/V
-    head h as the forward computed them (``_global_stream``)."""
+    head h as the forward computed them (``_global_stream``, whose block size ``buf`` is
+    not needed here: phi is recomputed a whole head at a time)."""
     B, Hq, Nq, D = qc.shape
     Hkv, Nk, Dv = kc.shape[1], kc.shape[2], vc.shape[-1]
     Fd = D if proj_s is None else proj_s.shape[0]

@@ -311,47 +311,28 @@ def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C, states=None):
     return out  # (B, Hq, N, Dv)
 
 
-class _GlobalLinear(torch.autograd.Function):
-    """Non-causal linear attention with the explicit backward of ``_linear_grad``: the
-    forward is the streamed one, keeping only each head's (S, z) and the output."""
+class _ExplicitLinear(torch.autograd.Function):
+    """Linear attention with an explicit backward (``_linear_grad``). ``stream`` is the
+    forward without autograd (``_global_stream`` or ``_causal_stream``), which fills
+    ``states`` with each K/V head's (S, z); only those and the output are kept, and
+    ``grad`` (``global_backward`` or ``causal_backward``) takes the stream's own arguments
+    after the states."""
 
     @staticmethod
-    def forward(ctx, qc, kc, vc, G, proj_s, half_scale, buf):
+    def forward(ctx, qc, kc, vc, stream, grad, *args):
         states: dict = {}
-        out = _global_stream(qc, kc, vc, G, proj_s, half_scale, buf, states)
+        out = stream(qc, kc, vc, *args, states=states)
         ctx.save_for_backward(qc, kc, vc, out)
         ctx.states = states  # intermediates (neither inputs nor outputs) may live on ctx
-        ctx.args = (G, proj_s, half_scale)
+        ctx.grad, ctx.args = grad, args
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
         qc, kc, vc, out = ctx.saved_tensors
-        grads = global_backward(qc, kc, vc, out, dout.contiguous(), ctx.states, *ctx.args)
-        return (*grads, None, None, None, None)
-
-
-class _CausalLinear(torch.autograd.Function):
-    """Causal linear attention (seq_q == seq_k, a multiple of the chunk) with the explicit
-    backward of ``_linear_grad``: the forward is ``_causal_stream``, keeping each head's
-    prefix-summed states (O(N F Dv / C)) and the output."""
-
-    @staticmethod
-    def forward(ctx, qc, kc, vc, G, proj_s, half_scale, chunk):
-        states: dict = {}
-        out = _causal_stream(qc, kc, vc, G, proj_s, half_scale, chunk, states)
-        ctx.save_for_backward(qc, kc, vc, out)
-        ctx.states = states  # intermediates (neither inputs nor outputs) may live on ctx
-        ctx.args = (G, proj_s, half_scale, chunk)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        qc, kc, vc, out = ctx.saved_tensors
-        grads = causal_backward(qc, kc, vc, out, dout.contiguous(), ctx.states, *ctx.args)
-        return (*grads, None, None, None, None)
+        grads = ctx.grad(qc, kc, vc, out, dout.contiguous(), ctx.states, *ctx.args)
+        return (*grads, None, None) + (None,) * len(ctx.args)
 
 
 def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
@@ -382,14 +363,15 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
         if not grad:
             return _global_stream(qc, k.to(cdt), vc, G, proj_s, half_scale, rows).to(q.dtype)
         if explicit_backward:
-            return _GlobalLinear.apply(qc, k.to(cdt), vc, G, proj_s, half_scale,
-                                       rows).to(q.dtype)
+            return _ExplicitLinear.apply(qc, k.to(cdt), vc, _global_stream, global_backward,
+                                         G, proj_s, half_scale, rows).to(q.dtype)
         fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
         return _global(qc, fk, vc, phi_q, G, block, not grad).to(q.dtype)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if Nq == Nk and Nk % chunk == 0 and (not grad or explicit_backward):
         args = (qc, k.to(cdt), vc, G, proj_s, 0.5 * case.softmax_scale, chunk)
-        out = _CausalLinear.apply(*args) if grad else _causal_stream(*args)
+        out = (_ExplicitLinear.apply(*args[:3], _causal_stream, causal_backward, *args[3:])
+               if grad else _causal_stream(*args))
         return out.to(q.dtype)
     fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
     block = block or BLOCK
