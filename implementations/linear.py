@@ -355,11 +355,11 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
     phi_q, phi_k = feature_fn(case, proj, cdt)
     proj_s = None if proj is None else scaled_projection(proj, case.softmax_scale, cdt)
     qc, vc = q.to(cdt), v.to(cdt)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    half_scale = 0.5 * case.softmax_scale
     if not causal:
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         feats = q.shape[-1] if proj is None else proj.shape[0]
         rows = block * feats if block else STREAM
-        half_scale = 0.5 * case.softmax_scale
         if not grad:
             return _global_stream(qc, k.to(cdt), vc, G, proj_s, half_scale, rows).to(q.dtype)
         if explicit_backward:
@@ -367,9 +367,8 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
                                          G, proj_s, half_scale, rows).to(q.dtype)
         fk = phi_k(k.to(cdt))  # (B, Hkv, Nk, F)
         return _global(qc, fk, vc, phi_q, G, block, not grad).to(q.dtype)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if Nq == Nk and Nk % chunk == 0 and (not grad or explicit_backward):
-        args = (qc, k.to(cdt), vc, G, proj_s, 0.5 * case.softmax_scale, chunk)
+        args = (qc, k.to(cdt), vc, G, proj_s, half_scale, chunk)
         out = (_ExplicitLinear.apply(*args[:3], _causal_stream, causal_backward, *args[3:])
                if grad else _causal_stream(*args))
         return out.to(q.dtype)

@@ -261,6 +261,22 @@ def test_streamed_elu_path_matches_one_shot_and_allocates_only_the_output(dtype)
         assert spy.largest_numel <= inputs.q.numel() < inputs.k.numel()  # the output, not phi(K)
 
 
+def assert_explicit_equals_autograd(case, causal: bool, **kw):
+    """Output and gradients of linear_attention with its explicit backward and with
+    autograd on the formula agree to float64 rounding."""
+    inputs = case.make_inputs()
+    proj = L.favor_projection(case) if case.feature_map == "favor" else None
+    go = torch.randn(case.batch, case.heads_q, case.seq_q, case.head_dim_v,
+                     dtype=torch.float64)
+    grads = []
+    for explicit in (True, False):
+        qkv = [t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v)]
+        out = L.linear_attention(*qkv, case, proj, causal, explicit_backward=explicit, **kw)
+        grads.append((out.detach(), *torch.autograd.grad(out, qkv, go)))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *grads):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), name
+
+
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
 @pytest.mark.parametrize("shape", [(4, 2, 37, 61), (2, 2, 50, 23), (3, 1, 40, 40)])
 def test_explicit_non_causal_backward_equals_autograd(feature_map, shape):
@@ -269,16 +285,7 @@ def test_explicit_non_causal_backward_equals_autograd(feature_map, shape):
     hq, hkv, nq, nk = shape
     case = small(heads_q=hq, heads_kv=hkv, seq_q=nq, seq_k=nk, feature_map=feature_map,
                  dtype="float64")
-    inputs = case.make_inputs()
-    proj = L.favor_projection(case) if feature_map == "favor" else None
-    go = torch.randn(2, hq, nq, 8, dtype=torch.float64)
-    grads = []
-    for explicit in (True, False):
-        qkv = [t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v)]
-        out = L.linear_attention(*qkv, case, proj, False, block=7, explicit_backward=explicit)
-        grads.append((out.detach(), *torch.autograd.grad(out, qkv, go)))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), *grads):
-        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), name
+    assert_explicit_equals_autograd(case, causal=False, block=7)
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
@@ -289,17 +296,7 @@ def test_explicit_causal_backward_equals_autograd(feature_map, shape, chunk):
     hq, hkv, n = shape
     case = small(heads_q=hq, heads_kv=hkv, seq_q=n, seq_k=n, feature_map=feature_map,
                  mask="causal", dtype="float64")
-    inputs = case.make_inputs()
-    proj = L.favor_projection(case) if feature_map == "favor" else None
-    go = torch.randn(2, hq, n, 8, dtype=torch.float64)
-    grads = []
-    for explicit in (True, False):
-        qkv = [t.clone().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v)]
-        out = L.linear_attention(*qkv, case, proj, True, chunk=chunk,
-                                 explicit_backward=explicit)
-        grads.append((out.detach(), *torch.autograd.grad(out, qkv, go)))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), *grads):
-        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), name
+    assert_explicit_equals_autograd(case, causal=True, chunk=chunk)
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
