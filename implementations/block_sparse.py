@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from attnbench.core import block_layouts
-from attnbench.core.backend import APPROXIMATE, Backend, Capabilities
+from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.reference import RefResult, chunked_reference
+from attnbench.implementations import _segment_attention as segments
 from attnbench.implementations._cpu_threads import split_work
 from attnbench.implementations.sliding_window import (
     bmm_acc,
@@ -408,10 +409,15 @@ class BlockSparse(Backend):
                 f"blocks; choose with block_layout_name=")
 
     def work_flops(self, case):
-        """The tiles it computes (bucket padding included), not the dense case's pairs."""
-        plan = block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
-                          torch.float32, "cpu")
-        pairs = plan.computed_blocks() * case.block_size**2
+        """The tiles it computes (bucket padding included; the fused kernel pads nothing),
+        not the dense case's pairs."""
+        fused = self.fused_plan(case, case.device, case.torch_dtype)
+        if fused is not None:
+            pairs = fused.computed_pairs()
+        else:
+            plan = block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
+                              torch.float32, "cpu")
+            pairs = plan.computed_blocks() * case.block_size**2
         fwd = 2.0 * case.batch * case.heads_q * pairs * (case.head_dim + case.head_dim_v)
         return fwd * MODE_FLOP_FACTOR[case.mode]
 
@@ -419,14 +425,32 @@ class BlockSparse(Backend):
         return block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
                           softmax_dtype(dtype or case.torch_dtype), device)
 
+    def fused_plan(self, case, device, dtype) -> segments.SegmentPlan | None:
+        """The fused kernel's plan where it runs this case (``segments.fused_applies``)."""
+        if not segments.fused_applies(device, dtype, case.needs_grad):
+            return None
+        return segments.layout_segments(case_layout(case), case.seq_q, case.seq_k,
+                                        case.block_size)
+
     def build(self, case, inputs):
         plan = self.plan(case, inputs.q.dtype, inputs.q.device)
+        fused = self.fused_plan(case, inputs.q.device, inputs.q.dtype)
         scale = case.softmax_scale
 
         def block_sparse(q, k, v):
+            if fused is not None and not (torch.is_grad_enabled() and
+                                          any(t.requires_grad for t in (q, k, v))):
+                return segments.fused_forward(q, k, v, fused, scale)
             return block_sparse_attention(q, k, v, plan, scale)
 
         return block_sparse
+
+    def prepare(self, case, inputs):
+        prepared = wrap_mode(self.build(case, inputs), case, inputs)
+        fused = self.fused_plan(case, inputs.q.device, inputs.q.dtype)
+        prepared.extras["kernel"] = segments.kernel_name(
+            fused, "eager(buckets)", inputs.q.device, inputs.q.dtype, case.needs_grad)
+        return prepared
 
     def impl_reference(self, case, inputs):
         """Float64 softmax attention under the block mask this backend applies."""

@@ -4,6 +4,7 @@ dense cases, and O(N) memory for bounded-row layouts (measured as allocations, n
 import pytest
 import torch
 from allocation_spy import fresh_process_peaks, largest_allocation
+from kernel_paths import MODES, on_path
 
 from attnbench.core.backend import APPROXIMATE
 from attnbench.core.case import Case
@@ -57,9 +58,10 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("nq,nk,hq,hkv,dv,mask,knobs", SHAPES)
-def test_exact_on_block_sparse_cases_fp32(nq, nk, hq, hkv, dv, mask, knobs, mode):
+def test_exact_on_block_sparse_cases_fp32(nq, nk, hq, hkv, dv, mask, knobs, mode, monkeypatch):
+    mode = on_path(mode, monkeypatch)
     case = Case(batch=2, heads_q=hq, heads_kv=hkv, seq_q=nq, seq_k=nk, head_dim=16,
                 head_dim_v=dv, mask=mask, mode=mode, block_size=16, seed=3, **knobs)
     inputs = case.make_inputs()

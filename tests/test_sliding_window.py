@@ -4,6 +4,7 @@ memory behaviour (measured as the largest allocation the computation makes, not 
 import pytest
 import torch
 from allocation_spy import fresh_process_peaks, largest_allocation
+from kernel_paths import MODES, on_path
 
 from attnbench.core.case import Case
 from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
@@ -60,9 +61,10 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("nq,nk,left,right,hq,hkv,d,dv", SHAPES)
-def test_matches_float64_reference_fp32(nq, nk, left, right, hq, hkv, d, dv, mode):
+def test_matches_float64_reference_fp32(nq, nk, left, right, hq, hkv, d, dv, mode, monkeypatch):
+    mode = on_path(mode, monkeypatch)
     check(Case(batch=2, heads_q=hq, heads_kv=hkv, seq_q=nq, seq_k=nk, head_dim=d,
                head_dim_v=dv, mask=f"window({left},{right})", mode=mode, seed=3))
 

@@ -1,0 +1,72 @@
+"""attnbench's own C++ CPU kernels, compiled on first use with torch's extension builder.
+
+Eager PyTorch caps a blocked backend at the speed of its separate small ops: at N = 8192
+the profile of sliding_window's eager forward (results/2026-12-01-family-profile-cpu) spent
+17% in softmax and 18% in Python between ops, beside matmuls of 32 rows. A fused kernel
+(sgemm per block, the softmax in one pass over a block's scores in cache) is what sdpa's
+own CPU flash kernel is, and what our blocked backends are compared with.
+
+``load(name)`` returns the compiled module or ``None`` with the reason: no C++ compiler, a
+CPU without AVX2, a torch without an exported BLAS, or ``ATTNBENCH_NATIVE=0`` (the eager
+path, for comparison). A backend then runs its eager path and says which one ran in its
+record's ``kernel``. The build lands in torch's extension cache (``TORCH_EXTENSIONS_DIR``,
+default ~/.cache/torch_extensions) and is rebuilt only when the source changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCES = Path(__file__).with_name("native")
+DISABLE_ENV = "ATTNBENCH_NATIVE"
+# The kernels use ATen's 8-lane float vectors and FMA: an AVX2 build, run on AVX2 and
+# AVX-512 hosts alike.
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+CAPABLE = ("AVX2", "AVX512")
+
+_loaded: dict[str, tuple[object | None, str]] = {}
+_lock = threading.Lock()
+
+
+def disabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _why_not() -> str:
+    if disabled():
+        return f"{DISABLE_ENV}=0 (eager torch ops)"
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in CAPABLE:
+        return f"CPU capability {cap}: the native kernels need AVX2"
+    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
+        return "no C++ compiler on PATH (install g++ to build the native kernels)"
+    return ""
+
+
+def load(name: str):
+    """(module, "") for ``native/<name>.cpp``, or (None, reason) when it cannot be used."""
+    with _lock:
+        if name not in _loaded:
+            _loaded[name] = _build(name)
+        return _loaded[name]
+
+
+def _build(name: str):
+    reason = _why_not()
+    if reason:
+        return None, reason
+    from torch.utils.cpp_extension import load as build
+
+    try:
+        module = build(name=f"attnbench_{name}", sources=[str(SOURCES / f"{name}.cpp")],
+                       extra_cflags=CFLAGS, verbose=False)
+    except Exception as exc:  # a failed build is a reason to run eager, not a crash
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "")
+        return None, f"native/{name}.cpp did not build: {first or exc!r}"
+    return module, ""

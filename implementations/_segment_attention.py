@@ -1,0 +1,143 @@
+"""Attention over contiguous key segments: the fused CPU forward shared by sliding_window
+and block_sparse (``native/segment_attention.cpp``).
+
+Both backends reduce to the same computation: query rows in blocks, each block seeing a few
+contiguous key ranges (a sliding window: one span; a block layout: runs of consecutive key
+tiles), and within them a per-row visible interval ``[i + lo_off, i + hi_off]`` (the window
+band; unbounded for a layout). A ``SegmentPlan`` is that geometry as data; the kernel reads
+K and V rows in place (no gather, no padding) and keeps each block's scores in cache
+between its two sgemm calls and the softmax.
+
+The fused path runs the fp32 CPU forward without autograd (``fwd`` mode), where the blocked
+eager path is bounded by its separate small ops. Everything else (fp16/bf16, CUDA, the
+forward that saves P for the explicit backward) stays on the eager path. Which one ran is
+in a record's ``kernel``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.implementations import _native
+from attnbench.implementations._cpu_threads import split_work
+
+KERNEL = "segment_attention"
+UNBOUNDED = 1 << 62  # an offset no row index reaches
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Query blocks of ``block`` rows; block b sees segments [ptr[b], ptr[b + 1])."""
+
+    seq_q: int
+    seq_k: int
+    block: int
+    ptr: torch.Tensor  # (n_blocks + 1,) int64 offsets into start / length
+    start: torch.Tensor  # (n_segments,) int64 first key of each segment
+    length: torch.Tensor  # (n_segments,) int64 keys in each segment (> 0)
+    lo_off: int  # row i sees key j only if i + lo_off <= j <= i + hi_off
+    hi_off: int
+
+    @property
+    def n_blocks(self) -> int:
+        return self.ptr.numel() - 1
+
+    def computed_pairs(self) -> int:
+        """(query, key) scores the kernel computes per (batch, query head)."""
+        widths = torch.zeros(self.n_blocks, dtype=torch.int64)
+        block_of = torch.repeat_interleave(torch.arange(self.n_blocks), self.ptr.diff())
+        widths.index_add_(0, block_of, self.length)  # (n_blocks,) keys per block
+        rows = torch.full((self.n_blocks,), self.block, dtype=torch.int64)
+        rows[-1] = self.seq_q - self.block * (self.n_blocks - 1)
+        return int((rows * widths).sum())
+
+
+def _plan(seq_q, seq_k, block, ranges_per_block, lo_off, hi_off) -> SegmentPlan:
+    """``ranges_per_block``: per query block, its (start, end) key ranges, clipped here to
+    [0, seq_k); empty ranges are dropped."""
+    ptr, start, length = [0], [], []
+    for ranges in ranges_per_block:
+        for a, b in ranges:
+            a, b = max(a, 0), min(b, seq_k)
+            if b > a:
+                start.append(a)
+                length.append(b - a)
+        ptr.append(len(start))
+    as_t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    return SegmentPlan(seq_q, seq_k, block, as_t(ptr), as_t(start), as_t(length),
+                       lo_off, hi_off)
+
+
+def window_segments(seq_q: int, seq_k: int, left: int, right: int, block: int) -> SegmentPlan:
+    """Bottom-right aligned window (left, right), both finite: query i sees keys
+    [i + off - left, i + off + right], off = seq_k - seq_q; block b needs one span."""
+    off = seq_k - seq_q
+    n_blocks = -(-seq_q // block)
+    spans = ([(b * block + off - left, b * block + block - 1 + off + right + 1)]
+             for b in range(n_blocks))
+    return _plan(seq_q, seq_k, block, spans, off - left, off + right)
+
+
+def layout_segments(layout: torch.Tensor, seq_q: int, seq_k: int, block: int) -> SegmentPlan:
+    """A (n_q_blocks, n_k_blocks) tile layout of ``block``-wide tiles: each query block sees
+    the runs of consecutive key tiles in its row, every key in them."""
+    layout = layout.to("cpu", torch.bool)
+    runs_per_block = []
+    for row in layout.tolist():
+        runs, k = [], 0
+        while k < len(row):
+            if row[k]:
+                k0 = k
+                while k < len(row) and row[k]:
+                    k += 1
+                runs.append((k0 * block, k * block))
+            else:
+                k += 1
+        runs_per_block.append(runs)
+    return _plan(seq_q, seq_k, block, runs_per_block, -UNBOUNDED, UNBOUNDED)
+
+
+def kernel_status() -> tuple[bool, str]:
+    """Whether the fused kernel is usable here, and if not, why."""
+    module, reason = _native.load(KERNEL)
+    return module is not None, reason
+
+
+def fused_applies(device, dtype: torch.dtype, needs_grad: bool) -> bool:
+    """The cases the fused forward runs: fp32 on a CPU, without autograd."""
+    return (torch.device(device).type == "cpu" and dtype == torch.float32 and not needs_grad
+            and kernel_status()[0])
+
+
+def fused_forward(q, k, v, plan: SegmentPlan, scale: float) -> torch.Tensor:
+    """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv) fp32 CPU -> (B, Hq, Nq, Dv).
+
+    The (batch, query head, query block) tasks are shared out over the CPU threads in
+    pieces (``split_work``); the kernel releases the GIL.
+    """
+    module, reason = _native.load(KERNEL)
+    if module is None:
+        raise RuntimeError(f"the fused segment kernel is unavailable: {reason}")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    B, Hq, Nq, _ = q.shape
+    out = q.new_empty(B, Hq, Nq, v.shape[-1])  # (B, Hq, Nq, Dv)
+    run = module.segment_attention_forward
+
+    def work(lo: int, hi: int) -> None:
+        run(q, k, v, out, plan.ptr, plan.start, plan.length, plan.block, plan.lo_off,
+            plan.hi_off, scale, lo, hi)
+
+    split_work(work, B * Hq * plan.n_blocks, q.device)
+    return out
+
+
+def kernel_name(fused: SegmentPlan | None, eager: str, device, dtype, needs_grad: bool) -> str:
+    """A record's ``kernel``: the fused kernel and its block, or the eager path, with the
+    reason the fused one did not run where it would have."""
+    if fused is not None:
+        return f"fused-segments(Bq={fused.block})"
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and not needs_grad:
+        return f"{eager} (fused kernel unavailable: {kernel_status()[1]})"
+    return eager
