@@ -62,9 +62,11 @@ def _query_block(left: int, right: int) -> int:
 
 def _fused_block(left: int, right: int) -> int:
     """Rows per query block of the fused CPU forward (``_segment_attention``). Its blocks
-    cost one sgemm pair each, not a slice of a batched op, so larger blocks pay: at N = 8192,
-    window (255,0), 2 threads, 64 rows (W = 319) ran 87 ms, 32 rows (W = 287) 107 ms and
-    128 rows 96 ms in one interleaved comparison."""
+    cost one sgemm pair each, not a slice of a batched op, so larger blocks pay despite
+    their wider spans: at N = 8192, window (255,0), 2 threads, medians of interleaved
+    rounds, 64 rows (W = 319) ran 87 ms against 107 ms for 32 rows (W = 287) and 96 ms for
+    128; in a second, slower session 105 ms against 122 (32), 115 (48 and 96), 119 (80) and
+    124 (128)."""
     return 32 if left + right + 1 <= 64 else 64
 
 
