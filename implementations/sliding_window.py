@@ -61,13 +61,12 @@ def _query_block(left: int, right: int) -> int:
 
 
 def _fused_block(left: int, right: int) -> int:
-    """Rows per query block of the fused CPU forward (``_segment_attention``). Its blocks
-    cost one sgemm pair each, not a slice of a batched op, so larger blocks pay despite
-    their wider spans: at N = 8192, window (255,0), 2 threads, medians of interleaved
-    rounds, 64 rows (W = 319) ran 87 ms against 107 ms for 32 rows (W = 287) and 96 ms for
-    128; in a second, slower session 105 ms against 122 (32), 115 (48 and 96), 119 (80) and
-    124 (128)."""
-    return 32 if left + right + 1 <= 64 else 64
+    """Rows per query block of the fused CPU forward (``_segment_attention``). With its
+    register tiles the block size matters little above 16 rows: at N = 8192, window
+    (255,0), 2 threads, medians of 11 interleaved rounds, 16 rows ran 54.5 ms, 24 55.5,
+    32 59.9, 40 56.1 and 64 59.0 (in an earlier comparison 32 rows 52.8, 48 58.4, 64 63.7).
+    32 rows keep the wasted edge of a wide band small (W = Bq + L + R)."""
+    return 16 if left + right + 1 <= 64 else 32
 
 
 @dataclass

@@ -85,6 +85,12 @@ CASES = [
                                       head_dim_v=8), id="bs-cross"),
     pytest.param("block_sparse", dict(seq_q=200, seq_k=200, mask="none",
                                       block_layout_name="bigbird"), id="bs-on-dense-case"),
+    # tiles off the 16-key panels (regions of one block overlap), D not a multiple of 16
+    pytest.param("block_sparse", dict(seq_q=130, seq_k=130, mask="block_sparse(strided)",
+                                      block_size=24, head_dim=24, head_dim_v=32),
+                 id="bs-tiles-off-panels"),
+    pytest.param("sliding_window", dict(seq_q=130, seq_k=141, mask="window(40,3)",
+                                        head_dim=40, head_dim_v=48), id="win-d40-dv48"),
 ]
 BACKENDS = {"sliding_window": SlidingWindow(), "block_sparse": BlockSparse()}
 
@@ -93,7 +99,7 @@ BACKENDS = {"sliding_window": SlidingWindow(), "block_sparse": BlockSparse()}
 @pytest.mark.parametrize("name,kw", CASES)
 def test_fused_forward_matches_float64(name, kw):
     backend = BACKENDS[name]
-    case = Case(batch=2, head_dim=16, block_size=16, seed=5, **{"head_dim_v": 16, **kw})
+    case = Case(batch=2, seed=5, **{"head_dim": 16, "head_dim_v": 16, "block_size": 16, **kw})
     inputs = case.make_inputs()
     prepared = backend.prepare(case, inputs)
     assert prepared.extras["kernel"].startswith("fused-segments"), prepared.extras["kernel"]
