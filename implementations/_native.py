@@ -15,6 +15,7 @@ default ~/.cache/torch_extensions) and is rebuilt only when the source changes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -62,11 +63,34 @@ def _build(name: str):
         return None, reason
     from torch.utils.cpp_extension import load as build
 
+    # torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag
+    headers = hashlib.sha256(b"".join(h.read_bytes() for h in sorted(SOURCES.glob("*.h"))))
     try:
         module = build(name=f"attnbench_{name}", sources=[str(SOURCES / f"{name}.cpp")],
-                       extra_cflags=CFLAGS, verbose=False)
+                       extra_cflags=[*CFLAGS, f"-DATTNBENCH_HEADERS={headers.hexdigest()[:16]}"],
+                       extra_include_paths=[str(SOURCES)], verbose=False)
     except Exception as exc:  # a failed build is a reason to run eager, not a crash
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         first = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "")
         return None, f"native/{name}.cpp did not build: {first or exc!r}"
     return module, ""
+
+
+def applies(name: str, device, dtype: torch.dtype, needs_grad: bool) -> bool:
+    """Whether kernel ``name`` runs a case: the kernels are fp32 CPU forwards without
+    autograd, and only where they built."""
+    return (torch.device(device).type == "cpu" and dtype == torch.float32 and not needs_grad
+            and load(name)[0] is not None)
+
+
+def kernel_name(name: str, fused: bool, eager: str, device, dtype, needs_grad: bool,
+                label: str) -> str:
+    """A record's ``kernel``: ``label`` where kernel ``name`` ran, else the eager path's
+    name, with the reason the kernel did not run where it would have."""
+    if fused:
+        return label
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and not needs_grad:
+        reason = load(name)[1]
+        if reason:
+            return f"{eager} (fused kernel unavailable: {reason})"
+    return eager

@@ -107,8 +107,7 @@ def kernel_status() -> tuple[bool, str]:
 
 def fused_applies(device, dtype: torch.dtype, needs_grad: bool) -> bool:
     """The cases the fused forward runs: fp32 on a CPU, without autograd."""
-    return (torch.device(device).type == "cpu" and dtype == torch.float32 and not needs_grad
-            and kernel_status()[0])
+    return _native.applies(KERNEL, device, dtype, needs_grad)
 
 
 def fused_forward(q, k, v, plan: SegmentPlan, scale: float) -> torch.Tensor:
@@ -134,10 +133,7 @@ def fused_forward(q, k, v, plan: SegmentPlan, scale: float) -> torch.Tensor:
 
 
 def kernel_name(fused: SegmentPlan | None, eager: str, device, dtype, needs_grad: bool) -> str:
-    """A record's ``kernel``: the fused kernel and its block, or the eager path, with the
-    reason the fused one did not run where it would have."""
-    if fused is not None:
-        return f"fused-segments(Bq={fused.block})"
-    if torch.device(device).type == "cpu" and dtype == torch.float32 and not needs_grad:
-        return f"{eager} (fused kernel unavailable: {kernel_status()[1]})"
-    return eager
+    """A record's ``kernel``: the fused kernel and its block, or the eager path (and why)."""
+    label = f"fused-segments(Bq={fused.block})" if fused is not None else ""
+    return _native.kernel_name(KERNEL, fused is not None, eager, device, dtype, needs_grad,
+                               label)

@@ -35,6 +35,7 @@ from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import allowed_rows
 from attnbench.core.reference import RefResult, chunked_reference
+from attnbench.implementations import _linear_fused, _native
 from attnbench.implementations._cpu_threads import split_work
 from attnbench.implementations._linear_features import elu1, elu1_into, phi_head
 from attnbench.implementations._linear_grad import causal_backward, global_backward
@@ -463,8 +464,13 @@ class Linear(Backend):
         # float64: the scaled projection is rounded once, to the compute dtype
         proj = self._projection(case, inputs.q.device, torch.float64)
         causal = case.mask_spec.kind == "causal"
+        fused = _linear_fused.fused_applies(case, inputs.q.device, inputs.q.dtype,
+                                            case.needs_grad)
 
         def linear(q, k, v):
+            if fused and not (torch.is_grad_enabled() and
+                              any(t.requires_grad for t in (q, k, v))):
+                return _linear_fused.fused_forward(q, k, v)
             return linear_attention(q, k, v, case, proj, causal)
 
         return linear
@@ -474,7 +480,13 @@ class Linear(Backend):
         how = f"chunked-prefix(C={CHUNK})" if case.mask_spec.kind == "causal" else "global-state"
         feats = (f"favor(m={case.num_features})" if case.feature_map == "favor"
                  else case.feature_map)
-        prepared.extras["kernel"] = f"{feats},{how}"
+        fused = _linear_fused.fused_applies(case, inputs.q.device, inputs.q.dtype,
+                                            case.needs_grad)
+        eligible = case.feature_map == "elu" and how == "global-state"
+        prepared.extras["kernel"] = (
+            _native.kernel_name(_linear_fused.KERNEL, fused, f"{feats},{how}", inputs.q.device,
+                                inputs.q.dtype, case.needs_grad, f"{feats},fused-global-state")
+            if eligible else f"{feats},{how}")
         return prepared
 
     def impl_reference(self, case, inputs) -> RefResult:

@@ -8,11 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from allocation_spy import LargestTensor
+from kernel_paths import needs_native
 
 from attnbench.core.backend import APPROXIMATE
 from attnbench.core.case import Case, Inputs
 from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
 from attnbench.core.reference import case_reference
+from attnbench.implementations import _native
 from attnbench.implementations import linear as L
 
 BACKEND = L.Linear()
@@ -319,3 +321,51 @@ def test_streamed_causal_path_matches_the_autograd_path(feature_map):
     assert rel(streamed, chunked) < 1e-6
     ref = BACKEND.impl_reference(case, inputs).out
     assert rel(streamed, ref) < TOLERANCE_OUT["float32"]
+
+
+# The fused elu forward (native/linear_attention.cpp): fp32, non-causal, Dv % 16 == 0.
+FUSED = {
+    "gqa-cross-d40": small(mode="fwd", heads_q=6, heads_kv=2, seq_q=70, seq_k=131,
+                           head_dim=40, head_dim_v=32),
+    "few-queries": small(mode="fwd", seq_q=5, seq_k=300, head_dim=16, head_dim_v=16),
+    "d64": small(mode="fwd", batch=1, seq_q=200, seq_k=200, head_dim=64, head_dim_v=64),
+}
+
+
+@needs_native
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_elu_forward_matches_own_reference_and_brute_force(name):
+    case = FUSED[name]
+    inputs = case.make_inputs()
+    prepared = BACKEND.prepare(case, inputs)
+    assert prepared.extras["kernel"] == "elu,fused-global-state"
+    got = prepared.outputs(prepared.fn())["out"]
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert rel(got, BACKEND.impl_reference(case, inputs).as_dict()["out"]) < 1e-6
+    assert rel(got, brute_force(case, inputs.q, inputs.k, inputs.v)) < 1e-6
+
+
+@needs_native
+@pytest.mark.parametrize("kw, kernel", [
+    (dict(head_dim_v=8), "elu,global-state"),  # Dv not a multiple of 16
+    (dict(feature_map="favor"), "favor(m=24),global-state"),
+    (dict(mask="causal"), "elu,chunked-prefix(C=64)"),
+    (dict(mode="fwd_bwd"), "elu,global-state"),
+    (dict(dtype="bfloat16"), "elu,global-state"),
+])
+def test_fused_elu_runs_only_where_it_applies(kw, kernel):
+    case = small(**{"mode": "fwd", "head_dim": 16, "head_dim_v": 16, **kw})
+    inputs = case.make_inputs()
+    prepared = BACKEND.prepare(case, inputs)
+    assert prepared.extras["kernel"] == kernel
+    check_against_reference(case)
+
+
+def test_fused_elu_switched_off_says_why(monkeypatch):
+    monkeypatch.setenv(_native.DISABLE_ENV, "0")
+    monkeypatch.setattr(_native, "_loaded", {})
+    case = FUSED["d64"]
+    prepared = BACKEND.prepare(case, case.make_inputs())
+    assert prepared.extras["kernel"] == ("elu,global-state (fused kernel unavailable: "
+                                         "ATTNBENCH_NATIVE=0 (eager torch ops))")
+    check_against_reference(case)

@@ -4,6 +4,7 @@ the eager fallback when it is switched off."""
 
 import pytest
 import torch
+from kernel_paths import needs_native
 
 from attnbench.core.case import Case
 from attnbench.core.masks import MaskSpec, allowed_rows
@@ -13,8 +14,7 @@ from attnbench.implementations import _segment_attention as segments
 from attnbench.implementations.block_sparse import BlockSparse, case_layout
 from attnbench.implementations.sliding_window import SlidingWindow
 
-needs_kernel = pytest.mark.skipif(bool(_native._why_not()),
-                                  reason=f"fused kernel not built here: {_native._why_not()}")
+needs_kernel = needs_native
 
 
 def covered(plan: segments.SegmentPlan) -> tuple[torch.Tensor, torch.Tensor]:

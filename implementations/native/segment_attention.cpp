@@ -23,8 +23,8 @@
 // so sgemm runs on its caller's thread, as in sdpa's CPU flash kernel). A call keeps one
 // score buffer in cache from task to task.
 #include <torch/extension.h>
-#include <ATen/cpu/vec/vec.h>
-#include <immintrin.h>
+
+#include "avx2_tiles.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,7 +38,7 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
+using namespace attnbench;
 
 // Column-major BLAS call; a row-major (r x c) matrix is its column-major transpose.
 void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -48,157 +48,6 @@ void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const 
             LDC = static_cast<int>(ldc);
   sgemm_(&ta, &tb, &M, &N, &K, &alpha, a, &LDA, b, &LDB, &beta, c, &LDC);
 }
-
-float max_of(const float* x, int64_t n, float acc) {
-  int64_t j = 0;
-  if (n >= Vec::size()) {
-    Vec m(acc);
-    for (; j + Vec::size() <= n; j += Vec::size()) m = at::vec::maximum(m, Vec::loadu(x + j));
-    float lanes[Vec::size()];
-    m.store(lanes);
-    for (int l = 0; l < Vec::size(); ++l) acc = std::max(acc, lanes[l]);
-  }
-  for (; j < n; ++j) acc = std::max(acc, x[j]);
-  return acc;
-}
-
-// x <- exp(x - mx) in place; returns the sum of the new values.
-float exp_sum(float* x, int64_t n, float mx) {
-  int64_t j = 0;
-  float sum = 0.f;
-  if (n >= Vec::size()) {
-    const Vec vm(mx);
-    Vec acc(0.f);
-    for (; j + Vec::size() <= n; j += Vec::size()) {
-      const Vec e = (Vec::loadu(x + j) - vm).exp_u20();
-      e.store(x + j);
-      acc = acc + e;
-    }
-    float lanes[Vec::size()];
-    acc.store(lanes);
-    for (int l = 0; l < Vec::size(); ++l) sum += lanes[l];
-  }
-  for (; j < n; ++j) {
-    x[j] = std::exp(x[j] - mx);
-    sum += x[j];
-  }
-  return sum;
-}
-
-void scale_row(float* x, int64_t n, float s) {
-  int64_t j = 0;
-  const Vec vs(s);
-  for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(x + j) * vs).store(x + j);
-  for (; j < n; ++j) x[j] *= s;
-}
-
-
-// ---- register-blocked AVX2 tiles (the fast path: Dv a multiple of 16) ----------------
-// A tile is R <= 6 rows x 16 columns held in 12 ymm accumulators: per step of the
-// reduction, two 8-float loads of the right operand, R broadcasts of the left and 2R FMAs
-// (the shape of BLIS's Haswell sgemm kernel). The right operands need no per-call packing:
-// K is packed once per head and piece into 16-key panels (D x 16), V rows are read as
-// they lie (16 contiguous floats per key).
-constexpr int64_t kPanel = 16;
-constexpr int64_t kRows = 6;
-
-// S[r, 0:16] = alpha * sum_d Q[r, d] * panel[d, 0:16], r < R.
-template <int R>
-inline void qk_tile(const float* q, int64_t qs, const float* panel, int64_t D, float alpha,
-                    float* s, int64_t lds) {
-  __m256 c0[R], c1[R];
-  for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    const __m256 b0 = _mm256_loadu_ps(panel + d * kPanel);
-    const __m256 b1 = _mm256_loadu_ps(panel + d * kPanel + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_broadcast_ss(q + r * qs + d);
-      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-    }
-  }
-  const __m256 va = _mm256_set1_ps(alpha);
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(s + r * lds, _mm256_mul_ps(c0[r], va));
-    _mm256_storeu_ps(s + r * lds + 8, _mm256_mul_ps(c1[r], va));
-  }
-}
-
-// O[r, 0:16] (+)= sum_j P[r, j] * V[j, 0:16], r < R.
-template <int R>
-inline void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
-                    float* o, int64_t ldo, bool accumulate) {
-  __m256 c0[R], c1[R];
-  for (int r = 0; r < R; ++r) {
-    c0[r] = accumulate ? _mm256_loadu_ps(o + r * ldo) : _mm256_setzero_ps();
-    c1[r] = accumulate ? _mm256_loadu_ps(o + r * ldo + 8) : _mm256_setzero_ps();
-  }
-  for (int64_t j = 0; j < K; ++j) {
-    const __m256 b0 = _mm256_loadu_ps(v + j * vs);
-    const __m256 b1 = _mm256_loadu_ps(v + j * vs + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_broadcast_ss(p + r * ldp + j);
-      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(o + r * ldo, c0[r]);
-    _mm256_storeu_ps(o + r * ldo + 8, c1[r]);
-  }
-}
-
-// Calls tile<R> for every kRows-row band of m rows (the last band has m % kRows rows).
-template <template <int> class Tile, typename... Args>
-inline void for_row_bands(int64_t m, Args... args) {
-  int64_t i = 0;
-  for (; i + kRows <= m; i += kRows) Tile<kRows>::run(i, args...);
-  switch (m - i) {
-    case 1: Tile<1>::run(i, args...); break;
-    case 2: Tile<2>::run(i, args...); break;
-    case 3: Tile<3>::run(i, args...); break;
-    case 4: Tile<4>::run(i, args...); break;
-    case 5: Tile<5>::run(i, args...); break;
-    default: break;
-  }
-}
-
-template <int R>
-struct QKBand {
-  static void run(int64_t i, const float* q, int64_t qs, const float* panel, int64_t D,
-                  float alpha, float* s, int64_t lds) {
-    qk_tile<R>(q + i * qs, qs, panel, D, alpha, s + i * lds, lds);
-  }
-};
-
-template <int R>
-struct PVBand {
-  static void run(int64_t i, const float* p, int64_t ldp, const float* v, int64_t vs,
-                  int64_t K, float* o, int64_t ldo, bool accumulate) {
-    pv_tile<R>(p + i * ldp, ldp, v, vs, K, o + i * ldo, ldo, accumulate);
-  }
-};
-
-// Keys [k0, k1) of one head (k0 a multiple of kPanel) as (D, kPanel) panels; keys outside
-// [0, Nk) are zero.
-void pack_keys(const float* kh, int64_t ks, int64_t D, int64_t Nk, int64_t k0, int64_t k1,
-               float* dst) {
-  for (int64_t p = 0; p * kPanel < k1 - k0; ++p) {
-    float* panel = dst + p * D * kPanel;  // (D, kPanel)
-    for (int64_t c = 0; c < kPanel; ++c) {
-      const int64_t key = k0 + p * kPanel + c;
-      if (key >= 0 && key < Nk) {
-        const float* row = kh + key * ks;
-        for (int64_t d = 0; d < D; ++d) panel[d * kPanel + c] = row[d];
-      } else {
-        for (int64_t d = 0; d < D; ++d) panel[d * kPanel + c] = 0.f;
-      }
-    }
-  }
-}
-
-inline int64_t floor_to(int64_t x, int64_t a) { return x >= 0 ? x / a * a : -((-x + a - 1) / a) * a; }
-inline int64_t ceil_to(int64_t x, int64_t a) { return floor_to(x + a - 1, a); }
 
 struct Segment {
   int64_t start, len;
@@ -301,7 +150,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
     pk0 = lo;
   };
 
-  auto run_block = [&](int64_t task, float* s, float* inv) {
+  auto run_block = [&](int64_t task, float* s, float* inv, float* ot) {
     const int64_t b = task % nb, bh = task / nb;
     const int64_t h = bh % Hq, n = bh / Hq, hk = h / G;
     const int64_t i0 = b * block, m = std::min(block, Nq - i0);
@@ -362,26 +211,29 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
       inv[i] = 1.f / sum;
     }
     // O_b (m, Dv) = P V over each segment's own keys (no V row outside the sequence is
-    // read), summed over the segments; then each row divided by its sum.
+    // read), summed over the segments in a buffer in L1, then each row divided by its sum
+    // on the way to `out` (tiles storing into fresh lines of `out` ran at half speed).
     bool first = true;
     for (int64_t t = t0, c = 0, a, wd; t < t1; ++t, c += wd) {
       region(segs[t], a, wd);
       const float* ps = s + c + (segs[t].start - a);  // (m, len) columns of this segment
       const float* vseg = vh + segs[t].start * vs2;  // (len, Dv)
       if (!fast) {
-        gemm('N', 'N', Dv, m, segs[t].len, 1.f, vseg, vs2, ps, w, first ? 0.f : 1.f, ob, Dv);
+        gemm('N', 'N', Dv, m, segs[t].len, 1.f, vseg, vs2, ps, w, first ? 0.f : 1.f, ot, Dv);
       } else {
         for (int64_t e = 0; e < Dv; e += kPanel)
-          for_row_bands<PVBand>(m, ps, w, vseg + e, vs2, segs[t].len, ob + e, Dv, !first);
+          for_row_bands<PVBand>(m, ps, w, vseg + e, vs2, segs[t].len, ot + e, Dv, !first);
       }
       first = false;
     }
-    for (int64_t i = 0; i < m; ++i) scale_row(ob + i * Dv, Dv, inv[i]);
+    for (int64_t i = 0; i < m; ++i) scaled_copy(ot + i * Dv, ob + i * Dv, Dv, inv[i]);
   };
 
   std::vector<float> scores(static_cast<size_t>(block * std::max<int64_t>(wmax, 1)));
   std::vector<float> inv(static_cast<size_t>(block));
-  for (int64_t task = task_lo; task < task_hi; ++task) run_block(task, scores.data(), inv.data());
+  std::vector<float> ot(static_cast<size_t>(block * Dv));  // (block, Dv)
+  for (int64_t task = task_lo; task < task_hi; ++task)
+    run_block(task, scores.data(), inv.data(), ot.data());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
