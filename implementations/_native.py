@@ -46,7 +46,22 @@ def _why_not() -> str:
         return f"CPU capability {cap}: the native kernels need AVX2"
     if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
         return "no C++ compiler on PATH (install g++ to build the native kernels)"
+    if not _ninja_on_path():
+        return "no ninja on PATH (pip install ninja)"
     return ""
+
+
+def _ninja_on_path() -> bool:
+    """torch's builder runs ``ninja``; the PyPI package (a dependency) puts it beside the
+    interpreter, which is not on PATH when the venv is not activated: add it there."""
+    if shutil.which("ninja"):
+        return True
+    try:
+        import ninja
+    except ImportError:
+        return False
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    return shutil.which("ninja") is not None
 
 
 def load(name: str):

@@ -470,7 +470,7 @@ class Linear(Backend):
         def linear(q, k, v):
             if fused and not (torch.is_grad_enabled() and
                               any(t.requires_grad for t in (q, k, v))):
-                return _linear_fused.fused_forward(q, k, v)
+                return _linear_fused.fused_forward(q, k, v, causal)
             return linear_attention(q, k, v, case, proj, causal)
 
         return linear
@@ -482,11 +482,10 @@ class Linear(Backend):
                  else case.feature_map)
         fused = _linear_fused.fused_applies(case, inputs.q.device, inputs.q.dtype,
                                             case.needs_grad)
-        eligible = case.feature_map == "elu" and how == "global-state"
         prepared.extras["kernel"] = (
             _native.kernel_name(_linear_fused.KERNEL, fused, f"{feats},{how}", inputs.q.device,
-                                inputs.q.dtype, case.needs_grad, f"{feats},fused-global-state")
-            if eligible else f"{feats},{how}")
+                                inputs.q.dtype, case.needs_grad, f"{feats},fused-{how}")
+            if _linear_fused.shape_fits(case) else f"{feats},{how}")
         return prepared
 
     def impl_reference(self, case, inputs) -> RefResult:

@@ -323,12 +323,20 @@ def test_streamed_causal_path_matches_the_autograd_path(feature_map):
     assert rel(streamed, ref) < TOLERANCE_OUT["float32"]
 
 
-# The fused elu forward (native/linear_attention.cpp): fp32, non-causal, Dv % 16 == 0.
+# The fused elu forwards (native/linear_attention.cpp): fp32, Dv % 16 == 0, non-causal or
+# causal with seq_q == seq_k.
 FUSED = {
     "gqa-cross-d40": small(mode="fwd", heads_q=6, heads_kv=2, seq_q=70, seq_k=131,
                            head_dim=40, head_dim_v=32),
     "few-queries": small(mode="fwd", seq_q=5, seq_k=300, head_dim=16, head_dim_v=16),
     "d64": small(mode="fwd", batch=1, seq_q=200, seq_k=200, head_dim=64, head_dim_v=64),
+    # causal: chunks of 64 rows, the last one partial
+    "causal-gqa-d40": small(mode="fwd", mask="causal", heads_q=6, heads_kv=2, seq_q=131,
+                            seq_k=131, head_dim=40, head_dim_v=32),
+    "causal-short": small(mode="fwd", mask="causal", seq_q=7, seq_k=7, head_dim=16,
+                          head_dim_v=16),
+    "causal-d64": small(mode="fwd", mask="causal", batch=1, seq_q=256, seq_k=256,
+                        head_dim=64, head_dim_v=64),
 }
 
 
@@ -338,7 +346,8 @@ def test_fused_elu_forward_matches_own_reference_and_brute_force(name):
     case = FUSED[name]
     inputs = case.make_inputs()
     prepared = BACKEND.prepare(case, inputs)
-    assert prepared.extras["kernel"] == "elu,fused-global-state"
+    how = "chunked-prefix(C=64)" if case.mask == "causal" else "global-state"
+    assert prepared.extras["kernel"] == f"elu,fused-{how}"
     got = prepared.outputs(prepared.fn())["out"]
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert rel(got, BACKEND.impl_reference(case, inputs).as_dict()["out"]) < 1e-6
@@ -349,7 +358,7 @@ def test_fused_elu_forward_matches_own_reference_and_brute_force(name):
 @pytest.mark.parametrize("kw, kernel", [
     (dict(head_dim_v=8), "elu,global-state"),  # Dv not a multiple of 16
     (dict(feature_map="favor"), "favor(m=24),global-state"),
-    (dict(mask="causal"), "elu,chunked-prefix(C=64)"),
+    (dict(mask="causal", seq_q=30), "elu,chunked-prefix(C=64)"),  # causal, seq_q != seq_k
     (dict(mode="fwd_bwd"), "elu,global-state"),
     (dict(dtype="bfloat16"), "elu,global-state"),
 ])

@@ -1,4 +1,4 @@
-// Fused CPU forward of non-causal linear attention with phi(x) = elu(x) + 1 (fp32):
+// Fused CPU forwards of linear attention with phi(x) = elu(x) + 1 (fp32), non-causal:
 //
 //   out = phi(Q) S / (phi(Q) . z),   S = phi(K)^T V (D x Dv),   z = sum_j phi(K_j) (D,)
 //
@@ -9,9 +9,11 @@
 // register-blocked tiles of avx2_tiles.h:
 //
 // * linear_elu_state: per (batch, kv head), S and z over the keys, 64 key rows at a time
-//   (phi(K) of the rows written transposed, D x 64, so S += phi(K)^T V is a tile product).
+//   (the tile reads phi(K) of the rows transposed, so S += phi(K)^T V needs no copy).
 // * linear_elu_output: per (batch, query head, 64-row block), phi(Q) of the block, then
 //   phi(Q) S and each row divided by phi(Q_i) . z.
+// * linear_elu_causal: per (batch, query head), chunks of 64 rows in order, each seeing the
+//   state of the keys before it and, inside the chunk, a masked 64 x 64 product.
 //
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
 // hands the ranges to the CPU threads. Dv must be a multiple of 16 (the tiles' width).
@@ -132,11 +134,91 @@ void linear_elu_output(const torch::Tensor& q, const torch::Tensor& state,
   }
 }
 
+// Causal, seq_q == seq_k: out (B, Hq, N, Dv) contiguous, for query heads [lo, hi) of B*Hq.
+// Chunks of 64 rows in order, with the state of the keys before the chunk:
+//   o_c = phi(Q_c) S + tril(phi(Q_c) phi(K_c)^T) V_c,  den_c = phi(Q_c) z + rowsum(tril(..)),
+// then S += phi(K_c)^T V_c and z += sum phi(K_c) (two-level sums, as in linear_elu_state).
+void linear_elu_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& out, int64_t lo, int64_t hi) {
+  check_float4d(q, "q");
+  check_float4d(k, "k");
+  check_float4d(v, "v");
+  const int64_t B = q.size(0), Hq = q.size(1), N = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Dv = v.size(3);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && k.size(2) == N && v.size(2) == N &&
+                  v.size(1) == Hkv && k.size(3) == D && Hkv > 0 && Hq % Hkv == 0,
+              "linear_elu_causal: q, k, v shapes do not match (seq_q must equal seq_k)");
+  TORCH_CHECK(Dv % kPanel == 0, "linear_elu_causal: Dv must be a multiple of 16");
+  TORCH_CHECK(out.is_contiguous() && out.numel() == B * Hq * N * Dv,
+              "linear_elu_causal: out must be a contiguous (B, Hq, N, Dv) tensor");
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hq, "linear_elu_causal: head range outside");
+  const int64_t G = Hq / Hkv;
+  std::vector<float> st(static_cast<size_t>(D * Dv)), z(static_cast<size_t>(D));
+  std::vector<float> sc(static_cast<size_t>(D * Dv)), zc(static_cast<size_t>(D));
+  std::vector<float> phiq(static_cast<size_t>(kChunk * D)), phik(static_cast<size_t>(kChunk * D));
+  std::vector<float> panels(static_cast<size_t>(kChunk * D));  // phi(K_c) as (D, 16) panels
+  std::vector<float> a(static_cast<size_t>(kChunk * kChunk));  // (C, C) masked scores
+  std::vector<float> ot(static_cast<size_t>(kChunk * Dv)), den(static_cast<size_t>(kChunk));
+  std::vector<float> inner(static_cast<size_t>(kChunk * Dv));  // the chunk's own keys' part
+  for (int64_t head = lo; head < hi; ++head) {
+    const int64_t n = head / Hq, h = head % Hq, hk = h / G;
+    const float* qh = q.data_ptr<float>() + n * q.stride(0) + h * q.stride(1);
+    const float* kh = k.data_ptr<float>() + n * k.stride(0) + hk * k.stride(1);
+    const float* vh = v.data_ptr<float>() + n * v.stride(0) + hk * v.stride(1);
+    float* oh = out.data_ptr<float>() + head * N * Dv;  // (N, Dv)
+    std::fill(st.begin(), st.end(), 0.f);
+    std::fill(z.begin(), z.end(), 0.f);
+    for (int64_t c0 = 0; c0 < N; c0 += kChunk) {
+      const int64_t r = std::min(kChunk, N - c0), rp = ceil_to(r, kPanel);
+      std::fill(zc.begin(), zc.end(), 0.f);
+      std::fill(panels.begin(), panels.begin() + rp * D, 0.f);
+      for (int64_t i = 0; i < r; ++i) {
+        phi_row(qh + (c0 + i) * q.stride(2), &phiq[i * D], D);
+        phi_row(kh + (c0 + i) * k.stride(2), &phik[i * D], D);
+        add_into(zc.data(), &phik[i * D], D);
+        float* panel = &panels[(i / kPanel) * D * kPanel + i % kPanel];
+        for (int64_t d = 0; d < D; ++d) panel[d * kPanel] = phik[i * D + d];
+      }
+      // the keys before the chunk: phi(Q_c) S and phi(Q_c) . z
+      for (int64_t e = 0; e < Dv; e += kPanel)
+        for_row_bands<PVBand>(r, phiq.data(), D, st.data() + e, Dv, D, ot.data() + e, Dv,
+                              false);
+      for (int64_t i = 0; i < r; ++i) den[i] = dot(&phiq[i * D], z.data(), D);
+      // inside the chunk: row i sees keys 0..i
+      for (int64_t p = 0; p < rp; p += kPanel)
+        for_row_bands<QKBand>(r, phiq.data(), D, &panels[p * D], D, 1.f, a.data() + p, kChunk);
+      for (int64_t i = 0; i < r; ++i) {
+        float* row = &a[i * kChunk];
+        std::fill(row + i + 1, row + rp, 0.f);
+        float sum = 0.f;
+        for (int64_t j = 0; j <= i; ++j) sum += row[j];
+        den[i] += sum;
+      }
+      // summed apart from phi(Q_c) S and then added (two shorter fp32 chains than one)
+      for (int64_t e = 0; e < Dv; e += kPanel)
+        for_row_bands<PVBand>(r, a.data(), kChunk, vh + c0 * v.stride(2) + e, v.stride(2), r,
+                              inner.data() + e, Dv, false);
+      add_into(ot.data(), inner.data(), r * Dv);
+      for (int64_t i = 0; i < r; ++i)  // den > 0: every row sees at least its own key
+        scaled_copy(&ot[i * Dv], oh + (c0 + i) * Dv, Dv, 1.f / den[i]);
+      // the chunk joins the state
+      for (int64_t e = 0; e < Dv; e += kPanel)
+        for_row_bands<PVTBand>(D, phik.data(), D, vh + c0 * v.stride(2) + e, v.stride(2), r,
+                               sc.data() + e, Dv, false);
+      add_into(st.data(), sc.data(), D * Dv);
+      add_into(z.data(), zc.data(), D);
+    }
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_elu_state", &linear_elu_state,
         "S = phi(K)^T V and z = sum phi(K) for kv heads [lo, hi)",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_elu_output", &linear_elu_output,
         "phi(Q) S / (phi(Q) . z) for tasks [lo, hi) of (batch, head, 64-row block)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_elu_causal", &linear_elu_causal,
+        "causal linear attention (seq_q == seq_k) for query heads [lo, hi)",
         py::call_guard<py::gil_scoped_release>());
 }
