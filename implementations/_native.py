@@ -64,6 +64,11 @@ def _ninja_on_path() -> bool:
     return shutil.which("ninja") is not None
 
 
+def sources(name: str) -> tuple[Path, ...]:
+    """The files kernel ``name`` is built from (for a backend's ``code_files``)."""
+    return (SOURCES / f"{name}.cpp", *sorted(SOURCES.glob("*.h")))
+
+
 def load(name: str):
     """(module, "") for ``native/<name>.cpp``, or (None, reason) when it cannot be used."""
     with _lock:

@@ -41,6 +41,7 @@ from attnbench.core import block_layouts
 from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.reference import RefResult, chunked_reference
+from attnbench.implementations import _native
 from attnbench.implementations import _segment_attention as segments
 from attnbench.implementations._cpu_threads import split_work
 from attnbench.implementations.sliding_window import (
@@ -388,12 +389,14 @@ class BlockSparse(Backend):
     description = ("softmax attention over the nonzero tiles of a block layout only "
                    "(gathered per query block, bucketed by row length); exact for "
                    "block_sparse masks, an approximation on dense cases")
+    code_files = _native.sources(segments.KERNEL)
     caps = Capabilities(masks=("none", "block_sparse"),
                         knobs=("block_size", "block_band", "block_global", "block_random",
                                "block_pairs", "block_stride", "block_layout_name"))
     semantics = APPROXIMATE  # exact on block_sparse cases: impl_reference == case reference
     # Its softmax and gradient numerics are sliding_window's helpers.
-    code_modules = ("attnbench.implementations.sliding_window",)
+    code_modules = ("attnbench.implementations.sliding_window",
+                    "attnbench.implementations._segment_attention")
 
     def extra_reasons(self, case):
         out = []

@@ -424,6 +424,10 @@ class Linear(Backend):
     name = "linear"
     description = ("kernelized linear attention phi(Q)(phi(K)^T V) / phi(Q) sum phi(K); "
                    "feature_map elu (elu+1) or favor (FAVOR+ random features)")
+    code_modules = ("attnbench.implementations._linear_fused",
+                    "attnbench.implementations._linear_features",
+                    "attnbench.implementations._linear_grad")
+    code_files = _native.sources(_linear_fused.KERNEL)
     caps = Capabilities(masks=("none", "causal"), knobs=("feature_map", "num_features"))
     semantics = APPROXIMATE
 

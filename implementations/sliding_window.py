@@ -44,6 +44,7 @@ from torch.autograd.function import once_differentiable
 from attnbench.core.backend import Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import INF
+from attnbench.implementations import _native
 from attnbench.implementations import _segment_attention as segments
 from attnbench.implementations._cpu_threads import split_work
 
@@ -458,6 +459,8 @@ class SlidingWindow(Backend):
     name = "sliding_window"
     description = ("exact local attention, blocked: each query block attends its contiguous "
                    "key span via unfold views; O(N * window) time and memory")
+    code_modules = ("attnbench.implementations._segment_attention",)
+    code_files = _native.sources(segments.KERNEL)
     caps = Capabilities(masks=("window",))
 
     def extra_reasons(self, case):

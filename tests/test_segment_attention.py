@@ -160,3 +160,14 @@ def test_switched_off_it_says_so_and_runs_eager(monkeypatch):
     assert rel(out, case_reference(case, inputs).as_dict()["out"]) < 1e-6
     # its work is the eager blocks' (16-row blocks, 16 + 7 keys each), not the fused plan's
     assert BACKENDS["sliding_window"].work_flops(case) == 2 * 8 * 64 * 23 * 32
+
+
+def test_code_hash_follows_the_kernel_sources(tmp_path, monkeypatch):
+    assert {p.name for p in SlidingWindow.code_files} >= {"segment_attention.cpp",
+                                                          "avx2_tiles.h"}
+    src = tmp_path / "kernel.cpp"
+    src.write_text("one")
+    monkeypatch.setattr(SlidingWindow, "code_files", (src,))
+    before = SlidingWindow().code_hash()
+    src.write_text("two")
+    assert SlidingWindow().code_hash() != before

@@ -11,9 +11,12 @@
 #include <cstdint>
 
 namespace attnbench {
-// Internal linkage: with external (inline) linkage gcc kept the tiles out of line and the
-// fused window forward ran 99 ms instead of 56.
+// Always inlined, with internal linkage: left to its heuristics gcc kept the tiles out of
+// line (the fused window forward ran 99 ms instead of 56 with external linkage; linear's
+// state pass ran at half speed once the unit grew by the causal kernel).
 namespace {
+
+#define ATTNBENCH_TILE inline __attribute__((always_inline))
 
 using Vec = at::vec::Vectorized<float>;
 
@@ -102,7 +105,7 @@ constexpr int64_t kRows = 6;
 
 // S[r, 0:16] = alpha * sum_d Q[r, d] * panel[d, 0:16], r < R.
 template <int R>
-inline void qk_tile(const float* q, int64_t qs, const float* panel, int64_t D, float alpha,
+ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panel, int64_t D, float alpha,
                     float* s, int64_t lds) {
   __m256 c0[R], c1[R];
   for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
@@ -126,7 +129,7 @@ inline void qk_tile(const float* q, int64_t qs, const float* panel, int64_t D, f
 // with Transposed, given as P^T (element (r, j) at p[j * ldp + r]). The offsets stay
 // compile-time constants: with both strides as runtime values the loop ran at half speed.
 template <int R, bool Transposed = false>
-inline void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
+ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
                     float* o, int64_t ldo, bool accumulate) {
   __m256 c0[R], c1[R];
   for (int r = 0; r < R; ++r) {
@@ -150,7 +153,7 @@ inline void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int
 
 // Calls tile<R> for every kRows-row band of m rows (the last band has m % kRows rows).
 template <template <int> class Tile, typename... Args>
-inline void for_row_bands(int64_t m, Args... args) {
+ATTNBENCH_TILE void for_row_bands(int64_t m, Args... args) {
   int64_t i = 0;
   for (; i + kRows <= m; i += kRows) Tile<kRows>::run(i, args...);
   switch (m - i) {
@@ -165,7 +168,7 @@ inline void for_row_bands(int64_t m, Args... args) {
 
 template <int R>
 struct QKBand {
-  static void run(int64_t i, const float* q, int64_t qs, const float* panel, int64_t D,
+  static ATTNBENCH_TILE void run(int64_t i, const float* q, int64_t qs, const float* panel, int64_t D,
                   float alpha, float* s, int64_t lds) {
     qk_tile<R>(q + i * qs, qs, panel, D, alpha, s + i * lds, lds);
   }
@@ -173,7 +176,7 @@ struct QKBand {
 
 template <int R>
 struct PVBand {
-  static void run(int64_t i, const float* p, int64_t ldp, const float* v, int64_t vs,
+  static ATTNBENCH_TILE void run(int64_t i, const float* p, int64_t ldp, const float* v, int64_t vs,
                   int64_t K, float* o, int64_t ldo, bool accumulate) {
     pv_tile<R>(p + i * ldp, ldp, v, vs, K, o + i * ldo, ldo, accumulate);
   }
@@ -181,7 +184,7 @@ struct PVBand {
 
 template <int R>
 struct PVTBand {  // P given transposed: rows of the product are columns of p
-  static void run(int64_t i, const float* pt, int64_t ldp, const float* v, int64_t vs,
+  static ATTNBENCH_TILE void run(int64_t i, const float* pt, int64_t ldp, const float* v, int64_t vs,
                   int64_t K, float* o, int64_t ldo, bool accumulate) {
     pv_tile<R, true>(pt + i, ldp, v, vs, K, o + i * ldo, ldo, accumulate);
   }

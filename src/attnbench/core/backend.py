@@ -125,6 +125,8 @@ class Backend:
 
     # Modules besides the backend's own whose code decides its numbers (e.g. its kernels).
     code_modules: tuple[str, ...] = ()
+    # Other source files that decide them (C++ kernels built at run time).
+    code_files: tuple[Path, ...] = ()
 
     def code_hash(self) -> str:
         """Short hash of the backend's source (its module and ``code_modules``), so a
@@ -136,6 +138,11 @@ class Backend:
                 h.update(Path(spec.origin).read_bytes())
             except (AttributeError, OSError, TypeError, ImportError, ValueError):
                 h.update(name.encode())
+        for path in self.code_files:
+            try:
+                h.update(Path(path).read_bytes())
+            except OSError:
+                h.update(str(path).encode())
         return h.hexdigest()[:12]
 
     def work_flops(self, case: Case) -> float:
