@@ -3,14 +3,16 @@
 Eager PyTorch caps a blocked backend at the speed of its separate small ops: at N = 8192
 the profile of sliding_window's eager forward (results/2026-12-01-family-profile-cpu) spent
 17% in softmax and 18% in Python between ops, beside matmuls of 32 rows. A fused kernel
-(sgemm per block, the softmax in one pass over a block's scores in cache) is what sdpa's
-own CPU flash kernel is, and what our blocked backends are compared with.
+(small products in register tiles, the softmax in one pass over a block's scores in cache)
+is what sdpa's own CPU flash kernel is, and what our blocked backends are compared with.
 
-``load(name)`` returns the compiled module or ``None`` with the reason: no C++ compiler, a
-CPU without AVX2, a torch without an exported BLAS, or ``ATTNBENCH_NATIVE=0`` (the eager
-path, for comparison). A backend then runs its eager path and says which one ran in its
-record's ``kernel``. The build lands in torch's extension cache (``TORCH_EXTENSIONS_DIR``,
-default ~/.cache/torch_extensions) and is rebuilt only when the source changes.
+``load(name)`` returns the compiled module or ``None`` with the reason: no C++ compiler or
+ninja, a CPU without AVX2, a failed build (e.g. a torch without MKL's exported ``sgemm_``,
+which segment_attention calls for head dims that are not a multiple of 16), or
+``ATTNBENCH_NATIVE=0`` (the eager path, for comparison). A backend then runs its eager
+path and says which one ran in its record's ``kernel``. The build lands in torch's
+extension cache (``TORCH_EXTENSIONS_DIR``, default ~/.cache/torch_extensions) and is
+rebuilt only when a source changes.
 """
 
 from __future__ import annotations
@@ -94,6 +96,11 @@ def _build(name: str):
         first = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "")
         return None, f"native/{name}.cpp did not build: {first or exc!r}"
     return module, ""
+
+
+def records_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records a call on ``tensors`` (the kernels are forwards only)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def applies(name: str, device, dtype: torch.dtype, needs_grad: bool) -> bool:

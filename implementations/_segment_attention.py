@@ -6,7 +6,8 @@ contiguous key ranges (a sliding window: one span; a block layout: runs of conse
 tiles), and within them a per-row visible interval ``[i + lo_off, i + hi_off]`` (the window
 band; unbounded for a layout). A ``SegmentPlan`` is that geometry as data; the kernel reads
 K and V rows in place (no gather, no padding) and keeps each block's scores in cache
-between its two sgemm calls and the softmax.
+between its two products (register tiles; MKL's sgemm when Dv is not a multiple of 16)
+and the softmax.
 
 The fused path runs the fp32 CPU forward without autograd (``fwd`` mode), where the blocked
 eager path is bounded by its separate small ops. Everything else (fp16/bf16, CUDA, the

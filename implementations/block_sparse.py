@@ -351,7 +351,7 @@ def block_sparse_attention(q, k, v, plan: BlockPlan, scale: float,
     Per K/V head and bucket, rows are processed in chunks whose scores hold about
     ``chunk_elements`` elements, so the gathered K/V and the scores stay in cache.
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if _native.records_grad(q, k, v):
         return _BlockSparseAttention.apply(q, k, v, plan, scale, chunk_elements)
     return _block_forward(q, k, v, plan, scale, chunk_elements, save_p=False)[0]
 
@@ -441,8 +441,7 @@ class BlockSparse(Backend):
         scale = case.softmax_scale
 
         def block_sparse(q, k, v):
-            if fused is not None and not (torch.is_grad_enabled() and
-                                          any(t.requires_grad for t in (q, k, v))):
+            if fused is not None and not _native.records_grad(q, k, v):
                 return segments.fused_forward(q, k, v, fused, scale)
             return block_sparse_attention(q, k, v, plan, scale)
 

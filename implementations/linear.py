@@ -356,7 +356,7 @@ def linear_attention(q, k, v, case, proj, causal: bool, chunk: int = CHUNK,
     phi_q, phi_k = feature_fn(case, proj, cdt)
     proj_s = None if proj is None else scaled_projection(proj, case.softmax_scale, cdt)
     qc, vc = q.to(cdt), v.to(cdt)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    grad = _native.records_grad(q, k, v)
     half_scale = 0.5 * case.softmax_scale
     if not causal:
         feats = q.shape[-1] if proj is None else proj.shape[0]
@@ -472,8 +472,7 @@ class Linear(Backend):
                                             case.needs_grad)
 
         def linear(q, k, v):
-            if fused and not (torch.is_grad_enabled() and
-                              any(t.requires_grad for t in (q, k, v))):
+            if fused and not _native.records_grad(q, k, v):
                 return _linear_fused.fused_forward(q, k, v, causal)
             return linear_attention(q, k, v, case, proj, causal)
 

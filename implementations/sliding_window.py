@@ -452,7 +452,7 @@ def sliding_window_attention(q, k, v, plan: WindowPlan, bias: WindowBias, scale:
     the sequence ends are copied with zero padding. ``bias`` is best built in
     ``softmax_dtype`` of the inputs' dtype.
     """
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if _native.records_grad(q, k, v):
         return _WindowAttention.apply(q, k, v, plan, bias, scale, chunk_elements)
     return _window_forward(q, k, v, plan, bias, scale, chunk_elements, save_p=False)[0]
 class SlidingWindow(Backend):
@@ -505,8 +505,7 @@ class SlidingWindow(Backend):
         scale = case.softmax_scale
 
         def sliding_window(q, k, v):
-            if fused is not None and not (torch.is_grad_enabled() and
-                                          any(t.requires_grad for t in (q, k, v))):
+            if fused is not None and not _native.records_grad(q, k, v):
                 return segments.fused_forward(q, k, v, fused, scale)
             return sliding_window_attention(q, k, v, plan, bias, scale)
 
