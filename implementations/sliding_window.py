@@ -475,7 +475,8 @@ class SlidingWindow(Backend):
 
     def work_flops(self, case):
         """Every block computes Bq x W scores (the band's ragged edge included); the fused
-        kernel computes its blocks' spans clipped to the keys."""
+        kernel's blocks, their spans clipped to the keys (its Q K^T also fills the few
+        masked columns that round a span out to 16-key panels: not counted)."""
         fused = self.fused_plan(case, case.device, case.torch_dtype)
         if fused is not None:
             pairs = fused.computed_pairs()

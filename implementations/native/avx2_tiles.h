@@ -86,14 +86,6 @@ inline void scaled_copy(const float* x, float* y, int64_t n, float s) {  // y = 
   for (; j < n; ++j) y[j] = x[j] * s;
 }
 
-inline void scale_row(float* x, int64_t n, float s) {
-  int64_t j = 0;
-  const Vec vs(s);
-  for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(x + j) * vs).store(x + j);
-  for (; j < n; ++j) x[j] *= s;
-}
-
-
 // ---- register-blocked AVX2 tiles (the fast path: Dv a multiple of 16) ----------------
 // A tile is R <= 6 rows x 16 columns held in 12 ymm accumulators: per step of the
 // reduction, two 8-float loads of the right operand, R broadcasts of the left and 2R FMAs
