@@ -1,11 +1,12 @@
-"""linear's fused CPU forwards for phi = elu + 1 (``native/linear_attention.cpp``).
+"""linear's fused CPU forwards (``native/linear_attention.cpp``): phi = elu + 1 or FAVOR+.
 
 The eager forwards spend about a third of their time in the feature map's elementwise
 passes (non-causal) or in batched 64 x 64 products (causal); the kernels compute phi 64
-rows at a time into buffers in L1 and feed them to register-blocked tiles. They run the
-fp32 CPU forward without autograd when Dv is a multiple of 16, non-causal or causal with
-seq_q == seq_k; FAVOR+, autograd, other dtypes and shapes keep the eager path. Which one
-ran is in a record's ``kernel``.
+rows at a time (FAVOR+: the projection by the same register-blocked tiles, then the shift
+and exp) into buffers in cache and feed them to the tiles. They run the fp32 CPU forward
+without autograd when Dv (and FAVOR+'s m) is a multiple of 16, non-causal or causal with
+seq_q == seq_k; autograd, other dtypes and shapes keep the eager path. Which one ran is in
+a record's ``kernel``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from attnbench.implementations._cpu_threads import split_work
 
 KERNEL = "linear_attention"
 ROWS = 64  # query rows per output task (the kernel's kChunk)
+PANEL = 16  # features per packed projection panel (the tiles' width)
 
 
 def shape_fits(case) -> bool:
     """The forms and shapes the kernels compute (the dtype, device and mode aside)."""
     kind = case.mask_spec.kind
-    return (case.feature_map == "elu" and case.head_dim_v % 16 == 0
+    feats_fit = case.feature_map == "elu" or (case.feature_map == "favor"
+                                              and case.num_features % PANEL == 0)
+    return (feats_fit and case.head_dim_v % PANEL == 0
             and (kind == "none" or (kind == "causal" and case.seq_q == case.seq_k)))
 
 
@@ -30,26 +34,39 @@ def fused_applies(case, device, dtype: torch.dtype, needs_grad: bool) -> bool:
     return shape_fits(case) and _native.applies(KERNEL, device, dtype, needs_grad)
 
 
-def fused_forward(q, k, v, causal: bool = False) -> torch.Tensor:
+def pack_projection(proj_s: torch.Tensor | None) -> torch.Tensor:
+    """FAVOR+'s scaled projection W' (m, D) as the kernel's panels (m/16, D, 16), float32:
+    panel p holds features 16p..16p+15 side by side; elu (None): an empty tensor."""
+    if proj_s is None:
+        return torch.empty(0)
+    m, D = proj_s.shape
+    return proj_s.to(torch.float32).reshape(m // PANEL, PANEL, D).transpose(1, 2).contiguous()
+
+
+def fused_forward(q, k, v, causal: bool = False, panels: torch.Tensor | None = None,
+                  half_scale: float = 0.0) -> torch.Tensor:
     """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv), fp32 CPU -> (B, Hq, Nq, Dv):
-    phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(K_j)) with phi = elu + 1; ``causal`` (Nq == Nk):
-    query i sums over keys j <= i only."""
+    phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(K_j)); phi = elu + 1, or FAVOR+ with ``panels``
+    (``pack_projection``) and ``half_scale`` = scale / 2 (the keys' |x|^2 term);
+    ``causal`` (Nq == Nk): query i sums over keys j <= i only."""
     module, reason = _native.load(KERNEL)
     if module is None:
         raise RuntimeError(f"the fused linear kernel is unavailable: {reason}")
+    panels = torch.empty(0) if panels is None else panels
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
+    feats = D if panels.numel() == 0 else panels.shape[0] * PANEL
     out = q.new_empty(B, Hq, Nq, Dv)
     if causal:
-        split_work(lambda lo, hi: module.linear_elu_causal(q, k, v, out, lo, hi), B * Hq,
-                   q.device)
+        split_work(lambda lo, hi: module.linear_causal(q, k, v, panels, half_scale, out, lo, hi),
+                   B * Hq, q.device)
         return out
-    state = q.new_empty(B, Hkv, D, Dv)  # phi(K)^T V per kv head
-    zsum = q.new_empty(B, Hkv, D)  # sum_j phi(K_j)
-    split_work(lambda lo, hi: module.linear_elu_state(k, v, state, zsum, lo, hi), B * Hkv,
-               q.device)
+    state = q.new_empty(B, Hkv, feats, Dv)  # phi(K)^T V per kv head
+    zsum = q.new_empty(B, Hkv, feats)  # sum_j phi(K_j)
+    split_work(lambda lo, hi: module.linear_state(k, v, panels, half_scale, state, zsum, lo, hi),
+               B * Hkv, q.device)
     blocks = -(-Nq // ROWS)
-    split_work(lambda lo, hi: module.linear_elu_output(q, state, zsum, out, lo, hi),
+    split_work(lambda lo, hi: module.linear_output(q, panels, state, zsum, out, lo, hi),
                B * Hq * blocks, q.device)
     return out

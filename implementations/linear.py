@@ -470,10 +470,14 @@ class Linear(Backend):
         causal = case.mask_spec.kind == "causal"
         fused = _linear_fused.fused_applies(case, inputs.q.device, inputs.q.dtype,
                                             case.needs_grad)
+        panels = _linear_fused.pack_projection(
+            None if proj is None or not fused
+            else scaled_projection(proj, case.softmax_scale, torch.float32))
+        half_scale = 0.5 * case.softmax_scale
 
         def linear(q, k, v):
             if fused and not _native.records_grad(q, k, v):
-                return _linear_fused.fused_forward(q, k, v, causal)
+                return _linear_fused.fused_forward(q, k, v, causal, panels, half_scale)
             return linear_attention(q, k, v, case, proj, causal)
 
         return linear

@@ -323,8 +323,8 @@ def test_streamed_causal_path_matches_the_autograd_path(feature_map):
     assert rel(streamed, ref) < TOLERANCE_OUT["float32"]
 
 
-# The fused elu forwards (native/linear_attention.cpp): fp32, Dv % 16 == 0, non-causal or
-# causal with seq_q == seq_k.
+# The fused forwards (native/linear_attention.cpp): fp32, Dv (and FAVOR+'s m) % 16 == 0,
+# non-causal or causal with seq_q == seq_k.
 FUSED = {
     "gqa-cross-d40": small(mode="fwd", heads_q=6, heads_kv=2, seq_q=70, seq_k=131,
                            head_dim=40, head_dim_v=32),
@@ -337,32 +337,70 @@ FUSED = {
                           head_dim_v=16),
     "causal-d64": small(mode="fwd", mask="causal", batch=1, seq_q=256, seq_k=256,
                         head_dim=64, head_dim_v=64),
+    # FAVOR+: the projection by the kernel's tiles (m/16 panels), keys at a running shift
+    "favor-gqa-cross-d40": small(mode="fwd", feature_map="favor", num_features=48, heads_q=6,
+                                 heads_kv=2, seq_q=70, seq_k=131, head_dim=40, head_dim_v=32),
+    "favor-d64": small(mode="fwd", feature_map="favor", num_features=256, batch=1, seq_q=200,
+                       seq_k=200, head_dim=64, head_dim_v=64),
+    "favor-causal-gqa": small(mode="fwd", feature_map="favor", mask="causal", num_features=32,
+                              heads_q=4, heads_kv=2, seq_q=131, seq_k=131, head_dim=24,
+                              head_dim_v=16),
+    "favor-causal-d64": small(mode="fwd", feature_map="favor", mask="causal", num_features=256,
+                              batch=1, seq_q=256, seq_k=256, head_dim=64, head_dim_v=64),
 }
+
+
+def fused_kernel_name(case) -> str:
+    how = "chunked-prefix(C=64)" if case.mask == "causal" else "global-state"
+    feats = f"favor(m={case.num_features})" if case.feature_map == "favor" else "elu"
+    return f"{feats},fused-{how}"
 
 
 @needs_native
 @pytest.mark.parametrize("name", list(FUSED))
-def test_fused_elu_forward_matches_own_reference_and_brute_force(name):
+def test_fused_forward_matches_own_reference_and_brute_force(name):
     case = FUSED[name]
     inputs = case.make_inputs()
     prepared = BACKEND.prepare(case, inputs)
-    how = "chunked-prefix(C=64)" if case.mask == "causal" else "global-state"
-    assert prepared.extras["kernel"] == f"elu,fused-{how}"
+    assert prepared.extras["kernel"] == fused_kernel_name(case)
     got = prepared.outputs(prepared.fn())["out"]
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
-    assert rel(got, BACKEND.impl_reference(case, inputs).as_dict()["out"]) < 1e-6
-    assert rel(got, brute_force(case, inputs.q, inputs.k, inputs.v)) < 1e-6
+    # FAVOR+'s exp amplifies the fp32 projection's rounding: the eager path reads 1.1e-6
+    # on favor-d64, elu's both read about 1.4e-7
+    tol = 4e-6 if case.feature_map == "favor" else 1e-6
+    assert rel(got, BACKEND.impl_reference(case, inputs).as_dict()["out"]) < tol
+    assert rel(got, brute_force(case, inputs.q, inputs.k, inputs.v)) < tol
+
+
+@needs_native
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_fused_favor_rescales_when_later_keys_raise_the_shift(mask):
+    """Keys whose norms shrink along the sequence: their exponents W'k - |k'|^2 / 2 grow
+    (from about -50 to a few), so every 64-key chunk raises FAVOR+'s running key shift and
+    the sums over earlier keys are rescaled chunk after chunk; without the rescaling the
+    first keys would weigh e^50 times too much. The result is the formula's all the same."""
+    case = small(mode="fwd", feature_map="favor", mask=mask, num_features=32, batch=1,
+                 heads_q=2, heads_kv=2, seq_q=320, seq_k=320, head_dim=16, head_dim_v=16)
+    inputs = case.make_inputs()
+    growth = torch.linspace(6.0, 0.5, case.seq_k).view(1, 1, -1, 1)  # (1, 1, N, 1)
+    inputs = Inputs(inputs.q, inputs.k * growth, inputs.v, inputs.grad_out)
+    prepared = BACKEND.prepare(case, inputs)
+    assert prepared.extras["kernel"] == fused_kernel_name(case)
+    got = prepared.outputs(prepared.fn())["out"]
+    assert torch.isfinite(got).all()
+    assert rel(got, brute_force(case, inputs.q, inputs.k, inputs.v)) < 1e-5
 
 
 @needs_native
 @pytest.mark.parametrize("kw, kernel", [
     (dict(head_dim_v=8), "elu,global-state"),  # Dv not a multiple of 16
-    (dict(feature_map="favor"), "favor(m=24),global-state"),
+    (dict(feature_map="favor"), "favor(m=24),global-state"),  # m not a multiple of 16
+    (dict(feature_map="favor", num_features=32), "favor(m=32),fused-global-state"),
     (dict(mask="causal", seq_q=30), "elu,chunked-prefix(C=64)"),  # causal, seq_q != seq_k
     (dict(mode="fwd_bwd"), "elu,global-state"),
     (dict(dtype="bfloat16"), "elu,global-state"),
 ])
-def test_fused_elu_runs_only_where_it_applies(kw, kernel):
+def test_fused_forward_runs_only_where_it_applies(kw, kernel):
     case = small(**{"mode": "fwd", "head_dim": 16, "head_dim_v": 16, **kw})
     inputs = case.make_inputs()
     prepared = BACKEND.prepare(case, inputs)
@@ -370,7 +408,7 @@ def test_fused_elu_runs_only_where_it_applies(kw, kernel):
     check_against_reference(case)
 
 
-def test_fused_elu_switched_off_says_why(monkeypatch):
+def test_fused_forward_switched_off_says_why(monkeypatch):
     monkeypatch.setenv(_native.DISABLE_ENV, "0")
     monkeypatch.setattr(_native, "_loaded", {})
     case = FUSED["d64"]

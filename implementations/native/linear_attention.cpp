@@ -1,27 +1,37 @@
-// Fused CPU forwards of linear attention with phi(x) = elu(x) + 1 (fp32), non-causal:
+// Fused CPU forwards of linear attention (fp32), with phi either elu(x) + 1 or FAVOR+'s
+// positive random features exp(W' x - h |x|^2 - shift) (Choromanski et al. 2021), non-causal:
 //
-//   out = phi(Q) S / (phi(Q) . z),   S = phi(K)^T V (D x Dv),   z = sum_j phi(K_j) (D,)
+//   out = phi(Q) S / (phi(Q) . z),   S = phi(K)^T V (F x Dv),   z = sum_j phi(K_j) (F,)
 //
-// In eager PyTorch the elementwise feature map (an exp, a compare, a select over every
-// element of Q and K) cost about a third of the forward's time beside matmuls whose
-// operands came from memory (results/2026-12-01-family-profile-cpu). Here phi is computed
-// for 64 rows at a time into a buffer that stays in L1 and consumed there by the
-// register-blocked tiles of avx2_tiles.h:
+// In eager PyTorch the elementwise feature map (elu: an exp, a compare, a select; FAVOR+:
+// the projection's (N, m) result written out, shifted and exponentiated in separate passes)
+// cost about a third of the forward beside matmuls whose operands came from memory
+// (results/2026-12-01-family-profile-cpu). Here phi is computed for 64 rows at a time into a
+// buffer that stays in L1/L2 and consumed there by the register-blocked tiles of
+// avx2_tiles.h:
 //
-// * linear_elu_state: per (batch, kv head), S and z over the keys, 64 key rows at a time
-//   (the tile reads phi(K) of the rows transposed, so S += phi(K)^T V needs no copy).
-// * linear_elu_output: per (batch, query head, 64-row block), phi(Q) of the block, then
+// * linear_state: per (batch, kv head), S and z over the keys, 64 key rows at a time (the
+//   tile reads phi(K) of the rows transposed, so S += phi(K)^T V needs no copy).
+// * linear_output: per (batch, query head, 64-row block), phi(Q) of the block, then
 //   phi(Q) S and each row divided by phi(Q_i) . z.
-// * linear_elu_causal: per (batch, query head), chunks of 64 rows in order, each seeing the
+// * linear_causal: per (batch, query head), chunks of 64 rows in order, each seeing the
 //   state of the keys before it and, inside the chunk, a masked 64 x 64 product.
 //
+// FAVOR+'s shifts (the same as the eager form's, linear.feature_fn): a query row is shifted
+// by its own maximum, which cancels between numerator and denominator; keys share one
+// shift per head, the running maximum of the exponents seen so far: when a chunk raises it,
+// the sums of the earlier keys are rescaled (as flash attention rescales its running sums),
+// so no second pass over the keys is needed and exp cannot overflow.
+//
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
-// hands the ranges to the CPU threads. Dv must be a multiple of 16 (the tiles' width).
+// hands the ranges to the CPU threads. Dv and FAVOR+'s m must be multiples of 16 (the
+// tiles' width).
 #include <torch/extension.h>
 
 #include "avx2_tiles.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -36,86 +46,157 @@ inline Vec elu1(const Vec& x) {  // elu(x) + 1: x + 1 where x > 0, else exp(x)
 }
 
 // dst[0:n] = phi(src[0:n]), vectorized with a scalar tail.
-inline void phi_row(const float* src, float* dst, int64_t n) {
+inline void elu1_row(const float* src, float* dst, int64_t n) {
   int64_t d = 0;
   for (; d + Vec::size() <= n; d += Vec::size()) elu1(Vec::loadu(src + d)).store(dst + d);
   for (; d < n; ++d) dst[d] = src[d] > 0.f ? src[d] + 1.f : std::exp(src[d]);
 }
 
+inline void add_scalar(float* x, int64_t n, float s) {  // x += s
+  int64_t j = 0;
+  const Vec vs(s);
+  for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(x + j) + vs).store(x + j);
+  for (; j < n; ++j) x[j] += s;
+}
+
+inline void scale_in_place(float* x, int64_t n, float s) { scaled_copy(x, x, n, s); }
+
+// The feature map: elu + 1 (panels == nullptr, F = D) or FAVOR+ with m = F features, whose
+// scaled projection W' = W sqrt(scale) comes packed as F/16 panels of (D, 16).
+struct FeatureMap {
+  const float* panels;
+  int64_t D, F;
+  float half_scale;
+
+  bool favor() const { return panels != nullptr; }
+
+  // FAVOR+: the exponents x W'^T (- h |x|^2 for keys) of r rows into dst (r, F); elu: phi.
+  void exponents(const float* x, int64_t xs, int64_t r, float* dst, bool keys) const {
+    if (!favor()) {
+      for (int64_t i = 0; i < r; ++i) elu1_row(x + i * xs, dst + i * F, D);
+      return;
+    }
+    for (int64_t p = 0; p < F; p += kPanel)
+      for_row_bands<QKBand>(r, x, xs, panels + p * D, D, 1.f, dst + p, F);
+    if (keys)
+      for (int64_t i = 0; i < r; ++i)
+        add_scalar(dst + i * F, F, -half_scale * dot(x + i * xs, x + i * xs, D));
+  }
+
+  // phi of r query rows into dst (r, F); FAVOR+ rows shifted by their own maximum.
+  void queries(const float* x, int64_t xs, int64_t r, float* dst) const {
+    exponents(x, xs, r, dst, false);
+    if (favor())
+      for (int64_t i = 0; i < r; ++i)
+        exp_sum(dst + i * F, F, max_of(dst + i * F, F, -INFINITY));
+  }
+
+  // phi of r key rows into dst (r, F) at the running shift `top` (FAVOR+), which this chunk
+  // may raise; returns the factor by which sums over earlier keys must be rescaled.
+  float keys(const float* x, int64_t xs, int64_t r, float* dst, float& top) const {
+    exponents(x, xs, r, dst, true);
+    if (!favor()) return 1.f;
+    const float mc = max_of(dst, r * F, -INFINITY);
+    float rescale = 1.f;
+    if (mc > top) {
+      if (top > -INFINITY) rescale = std::exp(top - mc);
+      top = mc;
+    }
+    exp_sum(dst, r * F, top);
+    return rescale;
+  }
+};
+
 void check_float4d(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 4 &&
                   t.stride(3) == 1,
-              "linear_elu: ", what, " must be a 4-d float32 CPU tensor, last dim contiguous");
+              "linear: ", what, " must be a 4-d float32 CPU tensor, last dim contiguous");
+}
+
+// proj: an empty tensor (elu + 1) or FAVOR+'s panels (F/16, D, 16), contiguous float32.
+FeatureMap feature_map(const torch::Tensor& proj, int64_t D, double half_scale) {
+  if (proj.numel() == 0) return FeatureMap{nullptr, D, D, 0.f};
+  TORCH_CHECK(proj.is_contiguous() && proj.scalar_type() == at::kFloat && proj.dim() == 3 &&
+                  proj.size(1) == D && proj.size(2) == kPanel,
+              "linear: proj must be FAVOR+'s packed projection (m/16, D, 16), float32");
+  return FeatureMap{proj.data_ptr<float>(), D, proj.size(0) * kPanel,
+                    static_cast<float>(half_scale)};
 }
 
 }  // namespace
 
-// state (B, Hkv, D, Dv) and zsum (B, Hkv, D), contiguous, for kv heads [lo, hi) of B*Hkv.
-void linear_elu_state(const torch::Tensor& k, const torch::Tensor& v,
-                      const torch::Tensor& state, const torch::Tensor& zsum, int64_t lo,
-                      int64_t hi) {
+// state (B, Hkv, F, Dv) and zsum (B, Hkv, F), contiguous, for kv heads [lo, hi) of B*Hkv.
+void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& proj,
+                  double half_scale, const torch::Tensor& state, const torch::Tensor& zsum,
+                  int64_t lo, int64_t hi) {
   check_float4d(k, "k");
   check_float4d(v, "v");
   const int64_t B = k.size(0), Hkv = k.size(1), Nk = k.size(2), D = k.size(3);
   const int64_t Dv = v.size(3);
+  const FeatureMap fm = feature_map(proj, D, half_scale);
+  const int64_t F = fm.F;
   TORCH_CHECK(v.size(0) == B && v.size(1) == Hkv && v.size(2) == Nk,
-              "linear_elu_state: k and v shapes do not match");
-  TORCH_CHECK(Dv % kPanel == 0, "linear_elu_state: Dv must be a multiple of 16");
+              "linear_state: k and v shapes do not match");
+  TORCH_CHECK(Dv % kPanel == 0, "linear_state: Dv must be a multiple of 16");
   TORCH_CHECK(state.is_contiguous() && state.scalar_type() == at::kFloat &&
-                  state.numel() == B * Hkv * D * Dv && zsum.is_contiguous() &&
-                  zsum.scalar_type() == at::kFloat && zsum.numel() == B * Hkv * D,
-              "linear_elu_state: state must be (B, Hkv, D, Dv) and zsum (B, Hkv, D), float32");
-  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_elu_state: head range outside");
-  std::vector<float> phik(static_cast<size_t>(kChunk * D));  // (kChunk, D)
-  std::vector<float> zc(static_cast<size_t>(D));
-  std::vector<float> sc(static_cast<size_t>(D * Dv));  // one chunk's phi(K)^T V
+                  state.numel() == B * Hkv * F * Dv && zsum.is_contiguous() &&
+                  zsum.scalar_type() == at::kFloat && zsum.numel() == B * Hkv * F,
+              "linear_state: state must be (B, Hkv, F, Dv) and zsum (B, Hkv, F), float32");
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_state: head range outside");
+  std::vector<float> phik(static_cast<size_t>(kChunk * F));  // (kChunk, F)
+  std::vector<float> zc(static_cast<size_t>(F));
+  std::vector<float> sc(static_cast<size_t>(F * Dv));  // one chunk's phi(K)^T V
   std::vector<float> vc(static_cast<size_t>(kChunk * Dv));  // the chunk's V rows, in L1
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hkv, h = head % Hkv;
     const float* kh = k.data_ptr<float>() + n * k.stride(0) + h * k.stride(1);
     const float* vh = v.data_ptr<float>() + n * v.stride(0) + h * v.stride(1);
-    float* s = state.data_ptr<float>() + head * D * Dv;  // (D, Dv)
-    float* z = zsum.data_ptr<float>() + head * D;  // (D,)
-    std::fill(s, s + D * Dv, 0.f);
-    std::fill(z, z + D, 0.f);
+    float* s = state.data_ptr<float>() + head * F * Dv;  // (F, Dv)
+    float* z = zsum.data_ptr<float>() + head * F;  // (F,)
+    std::fill(s, s + F * Dv, 0.f);
+    std::fill(z, z + F, 0.f);
+    float top = -INFINITY;  // FAVOR+'s key shift so far
     for (int64_t j0 = 0; j0 < Nk; j0 += kChunk) {
       const int64_t r = std::min(kChunk, Nk - j0);
-      std::fill(zc.begin(), zc.end(), 0.f);
-      for (int64_t j = 0; j < r; ++j) {
-        phi_row(kh + (j0 + j) * k.stride(2), &phik[j * D], D);
-        add_into(zc.data(), &phik[j * D], D);
+      const float rescale = fm.keys(kh + j0 * k.stride(2), k.stride(2), r, phik.data(), top);
+      if (rescale != 1.f) {
+        scale_in_place(s, F * Dv, rescale);
+        scale_in_place(z, F, rescale);
       }
-      // The chunk's phi(K_rows)^T (D, r) @ V_rows (r, Dv) (phi(K) read transposed), then
+      std::fill(zc.begin(), zc.end(), 0.f);
+      for (int64_t j = 0; j < r; ++j) add_into(zc.data(), &phik[j * F], F);
+      // The chunk's phi(K_rows)^T (F, r) @ V_rows (r, Dv) (phi(K) read transposed), then
       // added to S: sums in two levels (64 keys, then the chunks), not one fp32 chain.
       // V's rows copied once (a sequential read) rather than read in four 16-float
       // column slabs by the tiles
       for (int64_t j = 0; j < r; ++j)
         std::copy_n(vh + (j0 + j) * v.stride(2), Dv, &vc[j * Dv]);
       for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVTBand>(D, phik.data(), D, vc.data() + e, Dv, r, sc.data() + e, Dv,
+        for_row_bands<PVTBand>(F, phik.data(), F, vc.data() + e, Dv, r, sc.data() + e, Dv,
                                false);
-      add_into(z, zc.data(), D);
-      add_into(s, sc.data(), D * Dv);
+      add_into(z, zc.data(), F);
+      add_into(s, sc.data(), F * Dv);
     }
   }
 }
 
 // out (B, Hq, Nq, Dv) contiguous, for tasks [lo, hi) of (batch, query head, 64-row block).
-void linear_elu_output(const torch::Tensor& q, const torch::Tensor& state,
-                       const torch::Tensor& zsum, const torch::Tensor& out, int64_t lo,
-                       int64_t hi) {
+void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torch::Tensor& state,
+                   const torch::Tensor& zsum, const torch::Tensor& out, int64_t lo, int64_t hi) {
   check_float4d(q, "q");
   const int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = q.size(3);
-  TORCH_CHECK(state.dim() == 4 && state.size(0) == B && state.size(2) == D &&
+  const FeatureMap fm = feature_map(proj, D, 0.0);
+  const int64_t F = fm.F;
+  TORCH_CHECK(state.dim() == 4 && state.size(0) == B && state.size(2) == F &&
                   state.is_contiguous() && zsum.is_contiguous() && state.size(1) > 0 &&
                   Hq % state.size(1) == 0,
-              "linear_elu_output: state must be (B, Hkv, D, Dv) with Hq a multiple of Hkv");
+              "linear_output: state must be (B, Hkv, F, Dv) with Hq a multiple of Hkv");
   const int64_t Hkv = state.size(1), Dv = state.size(3), G = Hq / Hkv;
   TORCH_CHECK(out.is_contiguous() && out.numel() == B * Hq * Nq * Dv && Dv % kPanel == 0,
-              "linear_elu_output: out must be a contiguous (B, Hq, Nq, Dv) tensor");
+              "linear_output: out must be a contiguous (B, Hq, Nq, Dv) tensor");
   const int64_t nb = (Nq + kChunk - 1) / kChunk;
-  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hq * nb, "linear_elu_output: task range");
-  std::vector<float> phiq(static_cast<size_t>(kChunk * D));  // (kChunk, D)
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hq * nb, "linear_output: task range");
+  std::vector<float> phiq(static_cast<size_t>(kChunk * F));  // (kChunk, F)
   // The block's phi(Q) S goes to a buffer in L1 and is scaled into `out` in one pass: the
   // tiles storing straight into `out` (fresh lines each block) ran at half their speed.
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv));  // (kChunk, Dv)
@@ -123,40 +204,45 @@ void linear_elu_output(const torch::Tensor& q, const torch::Tensor& state,
     const int64_t b = task % nb, bh = task / nb, h = bh % Hq, n = bh / Hq;
     const int64_t head = n * Hkv + h / G, i0 = b * kChunk, m = std::min(kChunk, Nq - i0);
     const float* qb = q.data_ptr<float>() + n * q.stride(0) + h * q.stride(1);
-    const float* s = state.data_ptr<float>() + head * D * Dv;  // (D, Dv)
-    const float* z = zsum.data_ptr<float>() + head * D;  // (D,)
+    const float* s = state.data_ptr<float>() + head * F * Dv;  // (F, Dv)
+    const float* z = zsum.data_ptr<float>() + head * F;  // (F,)
     float* ob = out.data_ptr<float>() + ((n * Hq + h) * Nq + i0) * Dv;  // (m, Dv)
-    for (int64_t i = 0; i < m; ++i) phi_row(qb + (i0 + i) * q.stride(2), &phiq[i * D], D);
+    fm.queries(qb + i0 * q.stride(2), q.stride(2), m, phiq.data());
     for (int64_t e = 0; e < Dv; e += kPanel)
-      for_row_bands<PVBand>(m, phiq.data(), D, s + e, Dv, D, ot.data() + e, Dv, false);
-    for (int64_t i = 0; i < m; ++i)  // phi(Q_i) . z > 0: every feature is positive
-      scaled_copy(&ot[i * Dv], ob + i * Dv, Dv, 1.f / dot(&phiq[i * D], z, D));
+      for_row_bands<PVBand>(m, phiq.data(), F, s + e, Dv, F, ot.data() + e, Dv, false);
+    // phi > 0, so phi(Q_i) . z == 0 only if it underflowed (FAVOR+): then the numerator
+    // is 0 too, as in the eager form (which divides by the smallest normal float)
+    for (int64_t i = 0; i < m; ++i)
+      scaled_copy(&ot[i * Dv], ob + i * Dv, Dv, 1.f / std::max(dot(&phiq[i * F], z, F), FLT_MIN));
   }
 }
 
 // Causal, seq_q == seq_k: out (B, Hq, N, Dv) contiguous, for query heads [lo, hi) of B*Hq.
 // Chunks of 64 rows in order, with the state of the keys before the chunk:
 //   o_c = phi(Q_c) S + tril(phi(Q_c) phi(K_c)^T) V_c,  den_c = phi(Q_c) z + rowsum(tril(..)),
-// then S += phi(K_c)^T V_c and z += sum phi(K_c) (two-level sums, as in linear_elu_state).
-void linear_elu_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& out, int64_t lo, int64_t hi) {
+// then S += phi(K_c)^T V_c and z += sum phi(K_c) (two-level sums, as in linear_state).
+void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const torch::Tensor& proj, double half_scale, const torch::Tensor& out,
+                   int64_t lo, int64_t hi) {
   check_float4d(q, "q");
   check_float4d(k, "k");
   check_float4d(v, "v");
   const int64_t B = q.size(0), Hq = q.size(1), N = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Dv = v.size(3);
+  const FeatureMap fm = feature_map(proj, D, half_scale);
+  const int64_t F = fm.F;
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && k.size(2) == N && v.size(2) == N &&
                   v.size(1) == Hkv && k.size(3) == D && Hkv > 0 && Hq % Hkv == 0,
-              "linear_elu_causal: q, k, v shapes do not match (seq_q must equal seq_k)");
-  TORCH_CHECK(Dv % kPanel == 0, "linear_elu_causal: Dv must be a multiple of 16");
+              "linear_causal: q, k, v shapes do not match (seq_q must equal seq_k)");
+  TORCH_CHECK(Dv % kPanel == 0, "linear_causal: Dv must be a multiple of 16");
   TORCH_CHECK(out.is_contiguous() && out.numel() == B * Hq * N * Dv,
-              "linear_elu_causal: out must be a contiguous (B, Hq, N, Dv) tensor");
-  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hq, "linear_elu_causal: head range outside");
+              "linear_causal: out must be a contiguous (B, Hq, N, Dv) tensor");
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hq, "linear_causal: head range outside");
   const int64_t G = Hq / Hkv;
-  std::vector<float> st(static_cast<size_t>(D * Dv)), z(static_cast<size_t>(D));
-  std::vector<float> sc(static_cast<size_t>(D * Dv)), zc(static_cast<size_t>(D));
-  std::vector<float> phiq(static_cast<size_t>(kChunk * D)), phik(static_cast<size_t>(kChunk * D));
-  std::vector<float> panels(static_cast<size_t>(kChunk * D));  // phi(K_c) as (D, 16) panels
+  std::vector<float> st(static_cast<size_t>(F * Dv)), z(static_cast<size_t>(F));
+  std::vector<float> sc(static_cast<size_t>(F * Dv)), zc(static_cast<size_t>(F));
+  std::vector<float> phiq(static_cast<size_t>(kChunk * F)), phik(static_cast<size_t>(kChunk * F));
+  std::vector<float> panels(static_cast<size_t>(kChunk * F));  // phi(K_c) as (F, 16) panels
   std::vector<float> a(static_cast<size_t>(kChunk * kChunk));  // (C, C) masked scores
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv)), den(static_cast<size_t>(kChunk));
   std::vector<float> inner(static_cast<size_t>(kChunk * Dv));  // the chunk's own keys' part
@@ -168,25 +254,30 @@ void linear_elu_causal(const torch::Tensor& q, const torch::Tensor& k, const tor
     float* oh = out.data_ptr<float>() + head * N * Dv;  // (N, Dv)
     std::fill(st.begin(), st.end(), 0.f);
     std::fill(z.begin(), z.end(), 0.f);
+    float top = -INFINITY;  // FAVOR+'s key shift so far
     for (int64_t c0 = 0; c0 < N; c0 += kChunk) {
       const int64_t r = std::min(kChunk, N - c0), rp = ceil_to(r, kPanel);
+      fm.queries(qh + c0 * q.stride(2), q.stride(2), r, phiq.data());
+      const float rescale = fm.keys(kh + c0 * k.stride(2), k.stride(2), r, phik.data(), top);
+      if (rescale != 1.f) {  // the earlier keys' sums, to this chunk's shift
+        scale_in_place(st.data(), F * Dv, rescale);
+        scale_in_place(z.data(), F, rescale);
+      }
       std::fill(zc.begin(), zc.end(), 0.f);
-      std::fill(panels.begin(), panels.begin() + rp * D, 0.f);
+      std::fill(panels.begin(), panels.begin() + rp * F, 0.f);
       for (int64_t i = 0; i < r; ++i) {
-        phi_row(qh + (c0 + i) * q.stride(2), &phiq[i * D], D);
-        phi_row(kh + (c0 + i) * k.stride(2), &phik[i * D], D);
-        add_into(zc.data(), &phik[i * D], D);
-        float* panel = &panels[(i / kPanel) * D * kPanel + i % kPanel];
-        for (int64_t d = 0; d < D; ++d) panel[d * kPanel] = phik[i * D + d];
+        add_into(zc.data(), &phik[i * F], F);
+        float* panel = &panels[(i / kPanel) * F * kPanel + i % kPanel];
+        for (int64_t d = 0; d < F; ++d) panel[d * kPanel] = phik[i * F + d];
       }
       // the keys before the chunk: phi(Q_c) S and phi(Q_c) . z
       for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVBand>(r, phiq.data(), D, st.data() + e, Dv, D, ot.data() + e, Dv,
+        for_row_bands<PVBand>(r, phiq.data(), F, st.data() + e, Dv, F, ot.data() + e, Dv,
                               false);
-      for (int64_t i = 0; i < r; ++i) den[i] = dot(&phiq[i * D], z.data(), D);
+      for (int64_t i = 0; i < r; ++i) den[i] = dot(&phiq[i * F], z.data(), F);
       // inside the chunk: row i sees keys 0..i
       for (int64_t p = 0; p < rp; p += kPanel)
-        for_row_bands<QKBand>(r, phiq.data(), D, &panels[p * D], D, 1.f, a.data() + p, kChunk);
+        for_row_bands<QKBand>(r, phiq.data(), F, &panels[p * F], F, 1.f, a.data() + p, kChunk);
       for (int64_t i = 0; i < r; ++i) {
         float* row = &a[i * kChunk];
         std::fill(row + i + 1, row + rp, 0.f);
@@ -199,26 +290,28 @@ void linear_elu_causal(const torch::Tensor& q, const torch::Tensor& k, const tor
         for_row_bands<PVBand>(r, a.data(), kChunk, vh + c0 * v.stride(2) + e, v.stride(2), r,
                               inner.data() + e, Dv, false);
       add_into(ot.data(), inner.data(), r * Dv);
-      for (int64_t i = 0; i < r; ++i)  // den > 0: every row sees at least its own key
-        scaled_copy(&ot[i * Dv], oh + (c0 + i) * Dv, Dv, 1.f / den[i]);
+      // den > 0 (every row sees its own key) unless FAVOR+'s features underflowed: then the
+      // numerator is 0 too, as in the eager form
+      for (int64_t i = 0; i < r; ++i)
+        scaled_copy(&ot[i * Dv], oh + (c0 + i) * Dv, Dv, 1.f / std::max(den[i], FLT_MIN));
       // the chunk joins the state
       for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVTBand>(D, phik.data(), D, vh + c0 * v.stride(2) + e, v.stride(2), r,
+        for_row_bands<PVTBand>(F, phik.data(), F, vh + c0 * v.stride(2) + e, v.stride(2), r,
                                sc.data() + e, Dv, false);
-      add_into(st.data(), sc.data(), D * Dv);
-      add_into(z.data(), zc.data(), D);
+      add_into(st.data(), sc.data(), F * Dv);
+      add_into(z.data(), zc.data(), F);
     }
   }
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_elu_state", &linear_elu_state,
+  m.def("linear_state", &linear_state,
         "S = phi(K)^T V and z = sum phi(K) for kv heads [lo, hi)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("linear_elu_output", &linear_elu_output,
+  m.def("linear_output", &linear_output,
         "phi(Q) S / (phi(Q) . z) for tasks [lo, hi) of (batch, head, 64-row block)",
         py::call_guard<py::gil_scoped_release>());
-  m.def("linear_elu_causal", &linear_elu_causal,
+  m.def("linear_causal", &linear_causal,
         "causal linear attention (seq_q == seq_k) for query heads [lo, hi)",
         py::call_guard<py::gil_scoped_release>());
 }
