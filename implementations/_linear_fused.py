@@ -4,9 +4,11 @@ The eager forwards spend about a third of their time in the feature map's elemen
 passes (non-causal) or in batched 64 x 64 products (causal); the kernels compute phi 64
 rows at a time (FAVOR+: the projection by the same register-blocked tiles, then the shift
 and exp) into buffers in cache and feed them to the tiles. They run the fp32 CPU forward
-without autograd when Dv (and FAVOR+'s m) is a multiple of 16, non-causal or causal with
-seq_q == seq_k; autograd, other dtypes and shapes keep the eager path. Which one ran is in
-a record's ``kernel``.
+when Dv (and FAVOR+'s m) is a multiple of 16, non-causal or causal with seq_q == seq_k.
+Under autograd (``FusedLinear``) the non-causal backward is a kernel too
+(``linear_backward``, D also a multiple of 16), and causal elu (N a multiple of 64) keeps
+the forward's per-chunk states for ``_linear_grad.causal_backward``; other dtypes, shapes
+and forms keep the eager path. Which one ran is in a record's ``kernel``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from attnbench.implementations import _native
 from attnbench.implementations._cpu_threads import split_work
+from attnbench.implementations._linear_grad import causal_backward
 
 KERNEL = "linear_attention"
 ROWS = 64  # query rows per output task (the kernel's kChunk)
@@ -30,8 +33,25 @@ def shape_fits(case) -> bool:
             and (kind == "none" or (kind == "causal" and case.seq_q == case.seq_k)))
 
 
+def grad_fits(case) -> bool:
+    """The forms whose backward goes with the kernels: non-causal with D a multiple of 16
+    too (``linear_backward``), causal elu with N a multiple of the 64-row chunk (the
+    forward's prefix states feed ``causal_backward``)."""
+    if not shape_fits(case) or case.head_dim % PANEL:
+        return False
+    if case.mask_spec.kind == "none":
+        return True
+    return case.feature_map == "elu" and case.seq_q % ROWS == 0
+
+
 def fused_applies(case, device, dtype: torch.dtype, needs_grad: bool) -> bool:
-    return shape_fits(case) and _native.applies(KERNEL, device, dtype, needs_grad)
+    return (shape_fits(case) and (not needs_grad or grad_fits(case))
+            and _native.applies(KERNEL, device, dtype, needs_grad=False))
+
+
+def backward_label(case) -> str:
+    """How the backward of a fused case runs, for a record's ``kernel``."""
+    return "fused-backward" if case.mask_spec.kind == "none" else "explicit-backward"
 
 
 def pack_projection(proj_s: torch.Tensor | None) -> torch.Tensor:
@@ -43,30 +63,84 @@ def pack_projection(proj_s: torch.Tensor | None) -> torch.Tensor:
     return proj_s.to(torch.float32).reshape(m // PANEL, PANEL, D).transpose(1, 2).contiguous()
 
 
-def fused_forward(q, k, v, causal: bool = False, panels: torch.Tensor | None = None,
-                  half_scale: float = 0.0) -> torch.Tensor:
-    """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv), fp32 CPU -> (B, Hq, Nq, Dv):
-    phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(K_j)); phi = elu + 1, or FAVOR+ with ``panels``
-    (``pack_projection``) and ``half_scale`` = scale / 2 (the keys' |x|^2 term);
-    ``causal`` (Nq == Nk): query i sums over keys j <= i only."""
+def _module():
     module, reason = _native.load(KERNEL)
     if module is None:
         raise RuntimeError(f"the fused linear kernel is unavailable: {reason}")
-    panels = torch.empty(0) if panels is None else panels
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return module
+
+
+def _forward(q, k, v, causal, panels, half_scale, keep: bool):
+    """The forward and what its backward needs (``keep``): non-causal (S, z, shift), causal
+    each chunk's inclusive prefix states (S, z); q, k, v with a contiguous last dim."""
+    module = _module()
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
     feats = D if panels.numel() == 0 else panels.shape[0] * PANEL
     out = q.new_empty(B, Hq, Nq, Dv)
     if causal:
-        split_work(lambda lo, hi: module.linear_causal(q, k, v, panels, half_scale, out, lo, hi),
+        nc = -(-Nq // ROWS)
+        prefix = q.new_empty(B, Hkv, nc, feats, Dv) if keep else q.new_empty(0)
+        zprefix = q.new_empty(B, Hkv, nc, feats) if keep else q.new_empty(0)
+        split_work(lambda lo, hi: module.linear_causal(q, k, v, panels, half_scale, out,
+                                                       prefix, zprefix, lo, hi),
                    B * Hq, q.device)
-        return out
+        return out, (prefix, zprefix)
     state = q.new_empty(B, Hkv, feats, Dv)  # phi(K)^T V per kv head
     zsum = q.new_empty(B, Hkv, feats)  # sum_j phi(K_j)
-    split_work(lambda lo, hi: module.linear_state(k, v, panels, half_scale, state, zsum, lo, hi),
+    shift = q.new_empty(B, Hkv)  # FAVOR+'s key shift, at which S and z are
+    split_work(lambda lo, hi: module.linear_state(k, v, panels, half_scale, state, zsum, shift,
+                                                  lo, hi),
                B * Hkv, q.device)
     blocks = -(-Nq // ROWS)
     split_work(lambda lo, hi: module.linear_output(q, panels, state, zsum, out, lo, hi),
                B * Hq * blocks, q.device)
-    return out
+    return out, (state, zsum, shift)
+
+
+def fused_forward(q, k, v, causal: bool = False, panels: torch.Tensor | None = None,
+                  half_scale: float = 0.0) -> torch.Tensor:
+    """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv), fp32 CPU -> (B, Hq, Nq, Dv):
+    phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(K_j)); phi = elu + 1, or FAVOR+ with ``panels``
+    (``pack_projection``) and ``half_scale`` = scale / 2 (the keys' |x|^2 term);
+    ``causal`` (Nq == Nk): query i sums over keys j <= i only. No autograd."""
+    panels = torch.empty(0) if panels is None else panels
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return _forward(q, k, v, causal, panels, half_scale, keep=False)[0]
+
+
+class FusedLinear(torch.autograd.Function):
+    """The fused forward under autograd (``grad_fits`` forms). Non-causal: ``linear_backward``
+    from the forward's (S, z, shift); causal elu: ``causal_backward`` from its prefix
+    states. ``proj_rows`` is FAVOR+'s W' (m, D) in fp32 (empty for elu)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, panels, proj_rows, half_scale):
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        out, saved = _forward(q, k, v, causal, panels, half_scale, keep=True)
+        ctx.save_for_backward(q, k, v, out, panels, proj_rows, *saved)
+        ctx.causal, ctx.half_scale = causal, half_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, panels, proj_rows, *saved = ctx.saved_tensors
+        dout = dout.contiguous()
+        B, Hq, N, _ = q.shape
+        Hkv = k.shape[1]
+        if ctx.causal:  # elu: the prefix states as causal_backward takes them, per kv head
+            prefix, zprefix = saved
+            nc = prefix.shape[2]
+            s3 = prefix.view(B * Hkv, nc, *prefix.shape[3:])  # (B*Hkv, nc, F, Dv)
+            z3 = zprefix.view(B * Hkv, nc, -1, 1)  # (B*Hkv, nc, F, 1)
+            states = {h: (s3[h], z3[h]) for h in range(B * Hkv)}
+            grads = causal_backward(q, k, v, out, dout, states, Hq // Hkv, None,
+                                    ctx.half_scale, ROWS)
+        else:
+            state, zsum, shift = saved
+            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+            module = _module()
+            split_work(lambda lo, hi: module.linear_backward(
+                q, k, v, panels, proj_rows, ctx.half_scale, out, dout, state, zsum, shift,
+                *grads, lo, hi), B * Hkv, q.device)
+        return (*grads, None, None, None, None)

@@ -470,13 +470,20 @@ class Linear(Backend):
         causal = case.mask_spec.kind == "causal"
         fused = _linear_fused.fused_applies(case, inputs.q.device, inputs.q.dtype,
                                             case.needs_grad)
-        panels = _linear_fused.pack_projection(
-            None if proj is None or not fused
-            else scaled_projection(proj, case.softmax_scale, torch.float32))
+        proj_f = (None if proj is None or not fused
+                  else scaled_projection(proj, case.softmax_scale, torch.float32))  # (m, D)
+        panels = _linear_fused.pack_projection(proj_f)
+        proj_rows = torch.empty(0) if proj_f is None else proj_f.contiguous()
         half_scale = 0.5 * case.softmax_scale
+        fused_grad = fused and _linear_fused.grad_fits(case)
 
         def linear(q, k, v):
-            if fused and not _native.records_grad(q, k, v):
+            if fused and _native.records_grad(q, k, v):
+                if not fused_grad:  # a forward-only case called under autograd
+                    return linear_attention(q, k, v, case, proj, causal)
+                return _linear_fused.FusedLinear.apply(q, k, v, causal, panels, proj_rows,
+                                                       half_scale)
+            if fused:
                 return _linear_fused.fused_forward(q, k, v, causal, panels, half_scale)
             return linear_attention(q, k, v, case, proj, causal)
 
@@ -489,9 +496,12 @@ class Linear(Backend):
                  else case.feature_map)
         fused = _linear_fused.fused_applies(case, inputs.q.device, inputs.q.dtype,
                                             case.needs_grad)
+        label = f"{feats},fused-{how}"
+        if case.needs_grad:
+            label += f",{_linear_fused.backward_label(case)}"
         prepared.extras["kernel"] = (
             _native.kernel_name(_linear_fused.KERNEL, fused, f"{feats},{how}", inputs.q.device,
-                                inputs.q.dtype, case.needs_grad, f"{feats},fused-{how}")
+                                inputs.q.dtype, case.needs_grad, label)
             if _linear_fused.shape_fits(case) else f"{feats},{how}")
         return prepared
 

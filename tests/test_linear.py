@@ -391,13 +391,51 @@ def test_fused_favor_rescales_when_later_keys_raise_the_shift(mask):
     assert rel(got, brute_force(case, inputs.q, inputs.k, inputs.v)) < 1e-5
 
 
+# The fused forwards under autograd: the non-causal backward kernel (linear_backward), and
+# causal elu's explicit backward from the kernel's per-chunk states.
+FUSED_GRAD = {
+    "gqa-cross": small(heads_q=6, heads_kv=2, seq_q=70, seq_k=131, head_dim=32,
+                       head_dim_v=16),
+    "d64": small(batch=1, seq_q=200, seq_k=200, head_dim=64, head_dim_v=64),
+    "favor-gqa-cross": small(feature_map="favor", num_features=48, heads_q=6, heads_kv=2,
+                             seq_q=70, seq_k=131, head_dim=32, head_dim_v=16),
+    "favor-d64": small(feature_map="favor", num_features=256, batch=1, seq_q=200, seq_k=200,
+                       head_dim=64, head_dim_v=64),
+    "causal-gqa": small(mask="causal", heads_q=6, heads_kv=2, seq_q=192, seq_k=192,
+                        head_dim=32, head_dim_v=16),
+    "bwd-only": small(mode="bwd", batch=1, seq_q=128, seq_k=128, head_dim=16, head_dim_v=32),
+}
+
+
+@needs_native
+@pytest.mark.parametrize("name", list(FUSED_GRAD))
+def test_fused_forward_and_backward_match_own_reference(name):
+    case = FUSED_GRAD[name]
+    inputs = case.make_inputs()
+    prepared = BACKEND.prepare(case, inputs)
+    assert prepared.extras["kernel"].startswith(fused_kernel_name(case) + ",")
+    got = prepared.outputs(prepared.fn())
+    ref = BACKEND.impl_reference(case, inputs).as_dict()  # autograd on the float64 formula
+    assert set(got) >= set(ref) and len(ref) >= 3
+    tol = 4e-6 if case.feature_map == "favor" else 1e-6
+    for key, r in ref.items():
+        assert torch.isfinite(got[key]).all(), key
+        assert rel(got[key], r) < tol, (key, rel(got[key], r))
+
+
 @needs_native
 @pytest.mark.parametrize("kw, kernel", [
     (dict(head_dim_v=8), "elu,global-state"),  # Dv not a multiple of 16
     (dict(feature_map="favor"), "favor(m=24),global-state"),  # m not a multiple of 16
     (dict(feature_map="favor", num_features=32), "favor(m=32),fused-global-state"),
     (dict(mask="causal", seq_q=30), "elu,chunked-prefix(C=64)"),  # causal, seq_q != seq_k
-    (dict(mode="fwd_bwd"), "elu,global-state"),
+    (dict(mode="fwd_bwd"), "elu,fused-global-state,fused-backward"),
+    (dict(mode="fwd_bwd", head_dim=24), "elu,global-state"),  # backward: D % 16 != 0
+    (dict(mode="fwd_bwd", mask="causal"), "elu,chunked-prefix(C=64)"),  # N % 64 != 0
+    (dict(mode="fwd_bwd", mask="causal", seq_q=128, seq_k=128),
+     "elu,fused-chunked-prefix(C=64),explicit-backward"),
+    (dict(mode="fwd_bwd", mask="causal", seq_q=128, seq_k=128, feature_map="favor",
+          num_features=32), "favor(m=32),chunked-prefix(C=64)"),  # causal FAVOR+ backward
     (dict(dtype="bfloat16"), "elu,global-state"),
 ])
 def test_fused_forward_runs_only_where_it_applies(kw, kernel):

@@ -107,6 +107,13 @@ struct FeatureMap {
   }
 };
 
+// phi of r key rows at a given shift (the forward's final one; FAVOR+), into dst (r, F).
+inline void keys_at(const FeatureMap& fm, const float* x, int64_t xs, int64_t r, float* dst,
+                    float top) {
+  fm.exponents(x, xs, r, dst, true);
+  if (fm.favor()) exp_sum(dst, r * fm.F, top);
+}
+
 void check_float4d(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 4 &&
                   t.stride(3) == 1,
@@ -126,9 +133,10 @@ FeatureMap feature_map(const torch::Tensor& proj, int64_t D, double half_scale) 
 }  // namespace
 
 // state (B, Hkv, F, Dv) and zsum (B, Hkv, F), contiguous, for kv heads [lo, hi) of B*Hkv.
+// shift (B, Hkv): FAVOR+'s key shift at the end (S and z are at it), 0 for elu.
 void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& proj,
                   double half_scale, const torch::Tensor& state, const torch::Tensor& zsum,
-                  int64_t lo, int64_t hi) {
+                  const torch::Tensor& shift, int64_t lo, int64_t hi) {
   check_float4d(k, "k");
   check_float4d(v, "v");
   const int64_t B = k.size(0), Hkv = k.size(1), Nk = k.size(2), D = k.size(3);
@@ -142,6 +150,9 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
                   state.numel() == B * Hkv * F * Dv && zsum.is_contiguous() &&
                   zsum.scalar_type() == at::kFloat && zsum.numel() == B * Hkv * F,
               "linear_state: state must be (B, Hkv, F, Dv) and zsum (B, Hkv, F), float32");
+  TORCH_CHECK(shift.is_contiguous() && shift.scalar_type() == at::kFloat &&
+                  shift.numel() == B * Hkv,
+              "linear_state: shift must be (B, Hkv), float32");
   TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_state: head range outside");
   std::vector<float> phik(static_cast<size_t>(kChunk * F));  // (kChunk, F)
   std::vector<float> zc(static_cast<size_t>(F));
@@ -177,6 +188,7 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       add_into(z, zc.data(), F);
       add_into(s, sc.data(), F * Dv);
     }
+    shift.data_ptr<float>()[head] = fm.favor() ? top : 0.f;
   }
 }
 
@@ -221,9 +233,12 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
 // Chunks of 64 rows in order, with the state of the keys before the chunk:
 //   o_c = phi(Q_c) S + tril(phi(Q_c) phi(K_c)^T) V_c,  den_c = phi(Q_c) z + rowsum(tril(..)),
 // then S += phi(K_c)^T V_c and z += sum phi(K_c) (two-level sums, as in linear_state).
+// With prefix (B, Hkv, nc, F, Dv) and zprefix (B, Hkv, nc, F) not empty (elu only), the
+// state after each chunk is kept for the backward (written by each group's first head).
 void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& proj, double half_scale, const torch::Tensor& out,
-                   int64_t lo, int64_t hi) {
+                   const torch::Tensor& prefix, const torch::Tensor& zprefix, int64_t lo,
+                   int64_t hi) {
   check_float4d(q, "q");
   check_float4d(k, "k");
   check_float4d(v, "v");
@@ -238,7 +253,15 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
   TORCH_CHECK(out.is_contiguous() && out.numel() == B * Hq * N * Dv,
               "linear_causal: out must be a contiguous (B, Hq, N, Dv) tensor");
   TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hq, "linear_causal: head range outside");
-  const int64_t G = Hq / Hkv;
+  const int64_t G = Hq / Hkv, nc = (N + kChunk - 1) / kChunk;
+  const bool keep = prefix.numel() > 0;
+  TORCH_CHECK(!keep || (!fm.favor() && prefix.is_contiguous() && zprefix.is_contiguous() &&
+                        prefix.scalar_type() == at::kFloat &&
+                        zprefix.scalar_type() == at::kFloat &&
+                        prefix.numel() == B * Hkv * nc * F * Dv &&
+                        zprefix.numel() == B * Hkv * nc * F),
+              "linear_causal: prefix must be (B, Hkv, nc, F, Dv) and zprefix (B, Hkv, nc, F), "
+              "float32, elu only");
   std::vector<float> st(static_cast<size_t>(F * Dv)), z(static_cast<size_t>(F));
   std::vector<float> sc(static_cast<size_t>(F * Dv)), zc(static_cast<size_t>(F));
   std::vector<float> phiq(static_cast<size_t>(kChunk * F)), phik(static_cast<size_t>(kChunk * F));
@@ -300,6 +323,150 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
                                sc.data() + e, Dv, false);
       add_into(st.data(), sc.data(), F * Dv);
       add_into(z.data(), zc.data(), F);
+      if (keep && h % G == 0) {
+        const int64_t at = (n * Hkv + hk) * nc + c0 / kChunk;
+        std::copy(st.begin(), st.end(), prefix.data_ptr<float>() + at * F * Dv);
+        std::copy(z.begin(), z.end(), zprefix.data_ptr<float>() + at * F);
+      }
+    }
+  }
+}
+
+// The non-causal backward: dq, dk, dv (contiguous, shaped as q, k, v) for kv heads
+// [lo, hi) of B*Hkv and their query heads, from out and dout (B, Hq, Nq, Dv) contiguous and
+// the forward's state, zsum and shift (linear_state). With dnum = dO / den and
+// dden = -rowsum(dnum * O) (O = num / den):
+//
+//   dphi(Q) = dnum S^T + dden z^T       dS = sum over the group's heads of phi(Q)^T dnum
+//   dphi(K) = V dS^T + 1 dz^T           dz = sum over the group's heads of phi(Q)^T dden
+//   dV      = phi(K) dS
+//
+// and through the feature map: elu + 1: dx = dphi * min(phi, 1) (phi' = exp(min(x, 0)));
+// FAVOR+: da = dphi * phi, dx = da W' (keys: - 2 h x rowsum(da)); the shifts cancel.
+// proj_rows is W' as (F, D) rows (FAVOR+; empty for elu). D, Dv and F: multiples of 16.
+void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& proj, const torch::Tensor& proj_rows,
+                     double half_scale, const torch::Tensor& out, const torch::Tensor& dout,
+                     const torch::Tensor& state, const torch::Tensor& zsum,
+                     const torch::Tensor& shift, const torch::Tensor& dq,
+                     const torch::Tensor& dk, const torch::Tensor& dv, int64_t lo, int64_t hi) {
+  check_float4d(q, "q");
+  check_float4d(k, "k");
+  check_float4d(v, "v");
+  const int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Nk = k.size(2), Dv = v.size(3);
+  const FeatureMap fm = feature_map(proj, D, half_scale);
+  const int64_t F = fm.F;
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == Nk &&
+                  k.size(3) == D && Hkv > 0 && Hq % Hkv == 0,
+              "linear_backward: q, k, v shapes do not match");
+  TORCH_CHECK(D % kPanel == 0 && Dv % kPanel == 0 && F % kPanel == 0,
+              "linear_backward: D, Dv and the features must be multiples of 16");
+  TORCH_CHECK(!fm.favor() || (proj_rows.is_contiguous() && proj_rows.numel() == F * D &&
+                              proj_rows.scalar_type() == at::kFloat),
+              "linear_backward: proj_rows must be FAVOR+'s W' (m, D), float32");
+  for (const torch::Tensor* t : {&out, &dout, &dq, &dk, &dv, &state, &zsum, &shift})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat,
+                "linear_backward: out, dout, grads and states must be contiguous float32");
+  TORCH_CHECK(out.numel() == B * Hq * Nq * Dv && dout.numel() == out.numel() &&
+                  dq.numel() == q.numel() && dk.numel() == k.numel() &&
+                  dv.numel() == v.numel() && state.numel() == B * Hkv * F * Dv &&
+                  zsum.numel() == B * Hkv * F && shift.numel() == B * Hkv,
+              "linear_backward: out, dout, grads or states have the wrong size");
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_backward: head range outside");
+  const int64_t G = Hq / Hkv;
+  const float* w = fm.favor() ? proj_rows.data_ptr<float>() : nullptr;  // (F, D)
+  std::vector<float> st(static_cast<size_t>(Dv * F)), dst(static_cast<size_t>(Dv * F));
+  std::vector<float> ds(static_cast<size_t>(F * Dv)), dz(static_cast<size_t>(F));
+  std::vector<float> sc(static_cast<size_t>(F * Dv));  // one chunk's phi(Q)^T dnum
+  std::vector<float> phi(static_cast<size_t>(kChunk * F)), dphi(static_cast<size_t>(kChunk * F));
+  std::vector<float> dnum(static_cast<size_t>(kChunk * Dv)), dden(static_cast<size_t>(kChunk));
+  std::vector<float> gx(static_cast<size_t>(kChunk * std::max(D, Dv)));  // a chunk's dx or dv
+  // dx of r rows from dphi (consumed) and phi, into gx (r, D)
+  auto through_features = [&](const float* x, int64_t xs, int64_t r, bool keys) {
+    if (!fm.favor()) {
+      for (int64_t i = 0; i < r; ++i) {
+        float* g = &dphi[i * F];
+        const float* f = &phi[i * F];
+        int64_t d = 0;
+        for (; d + Vec::size() <= D; d += Vec::size())
+          (Vec::loadu(g + d) * at::vec::minimum(Vec::loadu(f + d), Vec(1.f))).store(&gx[i * D + d]);
+      }
+      return;
+    }
+    for (int64_t i = 0; i < r * F; i += Vec::size())  // da = dphi * phi
+      (Vec::loadu(&dphi[i]) * Vec::loadu(&phi[i])).store(&dphi[i]);
+    for (int64_t d = 0; d < D; d += kPanel)
+      for_row_bands<PVBand>(r, dphi.data(), F, w + d, D, F, gx.data() + d, D, false);
+    if (keys)
+      for (int64_t i = 0; i < r; ++i) {
+        float rs = 0.f;
+        for (int64_t f = 0; f < F; ++f) rs += dphi[i * F + f];
+        const Vec c(-2.f * fm.half_scale * rs);
+        for (int64_t d = 0; d < D; d += Vec::size())
+          at::vec::fmadd(Vec::loadu(x + i * xs + d), c, Vec::loadu(&gx[i * D + d])).store(&gx[i * D + d]);
+      }
+  };
+  for (int64_t head = lo; head < hi; ++head) {
+    const int64_t n = head / Hkv, hk = head % Hkv;
+    const float* s = state.data_ptr<float>() + head * F * Dv;  // (F, Dv)
+    const float* z = zsum.data_ptr<float>() + head * F;  // (F,)
+    const float top = shift.data_ptr<float>()[head];
+    for (int64_t f = 0; f < F; ++f)  // S^T (Dv, F): the right operand of dnum S^T
+      for (int64_t e = 0; e < Dv; ++e) st[e * F + f] = s[f * Dv + e];
+    std::fill(ds.begin(), ds.end(), 0.f);
+    std::fill(dz.begin(), dz.end(), 0.f);
+    for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+      const int64_t qh = n * Hq + h;
+      const float* qb = q.data_ptr<float>() + n * q.stride(0) + h * q.stride(1);
+      const float* ob = out.data_ptr<float>() + qh * Nq * Dv;
+      const float* gb = dout.data_ptr<float>() + qh * Nq * Dv;
+      float* dqb = dq.data_ptr<float>() + qh * Nq * D;
+      for (int64_t i0 = 0; i0 < Nq; i0 += kChunk) {
+        const int64_t r = std::min(kChunk, Nq - i0);
+        fm.queries(qb + i0 * q.stride(2), q.stride(2), r, phi.data());
+        for (int64_t i = 0; i < r; ++i) {
+          const float den = std::max(dot(&phi[i * F], z, F), FLT_MIN);  // as the forward
+          scaled_copy(gb + (i0 + i) * Dv, &dnum[i * Dv], Dv, 1.f / den);
+          dden[i] = -dot(&dnum[i * Dv], ob + (i0 + i) * Dv, Dv);
+        }
+        for (int64_t e = 0; e < Dv; e += kPanel)  // phi(Q)^T dnum: two-level sums
+          for_row_bands<PVTBand>(F, phi.data(), F, dnum.data() + e, Dv, r, sc.data() + e, Dv,
+                                 false);
+        add_into(ds.data(), sc.data(), F * Dv);
+        for (int64_t f = 0; f < F; f += kPanel)  // dnum S^T
+          for_row_bands<PVBand>(r, dnum.data(), Dv, st.data() + f, F, Dv, dphi.data() + f, F,
+                                false);
+        for (int64_t i = 0; i < r; ++i) {
+          const Vec c(dden[i]);
+          for (int64_t f = 0; f < F; f += Vec::size()) {  // + dden z^T; dz += dden phi
+            at::vec::fmadd(c, Vec::loadu(z + f), Vec::loadu(&dphi[i * F + f])).store(&dphi[i * F + f]);
+            at::vec::fmadd(c, Vec::loadu(&phi[i * F + f]), Vec::loadu(&dz[f])).store(&dz[f]);
+          }
+        }
+        through_features(qb + i0 * q.stride(2), q.stride(2), r, false);
+        std::copy_n(gx.data(), r * D, dqb + i0 * D);
+      }
+    }
+    // the keys: dV = phi(K) dS, dphi(K) = V dS^T + dz
+    for (int64_t f = 0; f < F; ++f)
+      for (int64_t e = 0; e < Dv; ++e) dst[e * F + f] = ds[f * Dv + e];
+    const float* kb = k.data_ptr<float>() + n * k.stride(0) + hk * k.stride(1);
+    const float* vb = v.data_ptr<float>() + n * v.stride(0) + hk * v.stride(1);
+    float* dkb = dk.data_ptr<float>() + head * Nk * D;
+    float* dvb = dv.data_ptr<float>() + head * Nk * Dv;
+    for (int64_t j0 = 0; j0 < Nk; j0 += kChunk) {
+      const int64_t r = std::min(kChunk, Nk - j0);
+      keys_at(fm, kb + j0 * k.stride(2), k.stride(2), r, phi.data(), top);
+      for (int64_t e = 0; e < Dv; e += kPanel)
+        for_row_bands<PVBand>(r, phi.data(), F, ds.data() + e, Dv, F, gx.data() + e, Dv, false);
+      std::copy_n(gx.data(), r * Dv, dvb + j0 * Dv);
+      for (int64_t f = 0; f < F; f += kPanel)
+        for_row_bands<PVBand>(r, vb + j0 * v.stride(2), v.stride(2), dst.data() + f, F, Dv,
+                              dphi.data() + f, F, false);
+      for (int64_t i = 0; i < r; ++i) add_into(&dphi[i * F], dz.data(), F);
+      through_features(kb + j0 * k.stride(2), k.stride(2), r, true);
+      std::copy_n(gx.data(), r * D, dkb + j0 * D);
     }
   }
 }
@@ -313,5 +480,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_causal", &linear_causal,
         "causal linear attention (seq_q == seq_k) for query heads [lo, hi)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_backward", &linear_backward,
+        "dq, dk, dv of the non-causal form for kv heads [lo, hi)",
         py::call_guard<py::gil_scoped_release>());
 }
