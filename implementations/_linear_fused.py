@@ -5,10 +5,9 @@ passes (non-causal) or in batched 64 x 64 products (causal); the kernels compute
 rows at a time (FAVOR+: the projection by the same register-blocked tiles, then the shift
 and exp) into buffers in cache and feed them to the tiles. They run the fp32 CPU forward
 when Dv (and FAVOR+'s m) is a multiple of 16, non-causal or causal with seq_q == seq_k.
-Under autograd (``FusedLinear``) the non-causal backward is a kernel too
-(``linear_backward``, D also a multiple of 16), and causal elu (N a multiple of 64) keeps
-the forward's per-chunk states for ``_linear_grad.causal_backward``; other dtypes, shapes
-and forms keep the eager path. Which one ran is in a record's ``kernel``.
+Under autograd (``FusedLinear``) the backward is a kernel too (``linear_backward``,
+``linear_causal_backward``; D also a multiple of 16), from the states the forward kept;
+other dtypes and shapes keep the eager path. Which one ran is in a record's ``kernel``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import torch
 
 from attnbench.implementations import _native
 from attnbench.implementations._cpu_threads import split_work
-from attnbench.implementations._linear_grad import causal_backward
 
 KERNEL = "linear_attention"
 ROWS = 64  # query rows per output task (the kernel's kChunk)
@@ -34,24 +32,14 @@ def shape_fits(case) -> bool:
 
 
 def grad_fits(case) -> bool:
-    """The forms whose backward goes with the kernels: non-causal with D a multiple of 16
-    too (``linear_backward``), causal elu with N a multiple of the 64-row chunk (the
-    forward's prefix states feed ``causal_backward``)."""
-    if not shape_fits(case) or case.head_dim % PANEL:
-        return False
-    if case.mask_spec.kind == "none":
-        return True
-    return case.feature_map == "elu" and case.seq_q % ROWS == 0
+    """The forms whose backward runs in the kernels too: D also a multiple of 16 (dq and
+    dk come out of the same 16-wide tiles)."""
+    return shape_fits(case) and case.head_dim % PANEL == 0
 
 
 def fused_applies(case, device, dtype: torch.dtype, needs_grad: bool) -> bool:
     return (shape_fits(case) and (not needs_grad or grad_fits(case))
             and _native.applies(KERNEL, device, dtype, needs_grad=False))
-
-
-def backward_label(case) -> str:
-    """How the backward of a fused case runs, for a record's ``kernel``."""
-    return "fused-backward" if case.mask_spec.kind == "none" else "explicit-backward"
 
 
 def pack_projection(proj_s: torch.Tensor | None) -> torch.Tensor:
@@ -72,7 +60,8 @@ def _module():
 
 def _forward(q, k, v, causal, panels, half_scale, keep: bool):
     """The forward and what its backward needs (``keep``): non-causal (S, z, shift), causal
-    each chunk's inclusive prefix states (S, z); q, k, v with a contiguous last dim."""
+    each chunk's inclusive prefix states (S, z) and key shift; q, k, v with a contiguous
+    last dim."""
     module = _module()
     B, Hq, Nq, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
@@ -82,10 +71,11 @@ def _forward(q, k, v, causal, panels, half_scale, keep: bool):
         nc = -(-Nq // ROWS)
         prefix = q.new_empty(B, Hkv, nc, feats, Dv) if keep else q.new_empty(0)
         zprefix = q.new_empty(B, Hkv, nc, feats) if keep else q.new_empty(0)
+        tops = q.new_empty(B, Hkv, nc) if keep else q.new_empty(0)
         split_work(lambda lo, hi: module.linear_causal(q, k, v, panels, half_scale, out,
-                                                       prefix, zprefix, lo, hi),
+                                                       prefix, zprefix, tops, lo, hi),
                    B * Hq, q.device)
-        return out, (prefix, zprefix)
+        return out, (prefix, zprefix, tops)
     state = q.new_empty(B, Hkv, feats, Dv)  # phi(K)^T V per kv head
     zsum = q.new_empty(B, Hkv, feats)  # sum_j phi(K_j)
     shift = q.new_empty(B, Hkv)  # FAVOR+'s key shift, at which S and z are
@@ -110,9 +100,10 @@ def fused_forward(q, k, v, causal: bool = False, panels: torch.Tensor | None = N
 
 
 class FusedLinear(torch.autograd.Function):
-    """The fused forward under autograd (``grad_fits`` forms). Non-causal: ``linear_backward``
-    from the forward's (S, z, shift); causal elu: ``causal_backward`` from its prefix
-    states. ``proj_rows`` is FAVOR+'s W' (m, D) in fp32 (empty for elu)."""
+    """The fused forward under autograd (``grad_fits`` forms), its backward the kernels'
+    ``linear_backward`` (from the forward's S, z and key shift) or ``linear_causal_backward``
+    (from each chunk's prefix states and shift). ``proj_rows`` is FAVOR+'s W' (m, D) in fp32
+    (empty for elu)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, panels, proj_rows, half_scale):
@@ -126,21 +117,10 @@ class FusedLinear(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, panels, proj_rows, *saved = ctx.saved_tensors
         dout = dout.contiguous()
-        B, Hq, N, _ = q.shape
-        Hkv = k.shape[1]
-        if ctx.causal:  # elu: the prefix states as causal_backward takes them, per kv head
-            prefix, zprefix = saved
-            nc = prefix.shape[2]
-            s3 = prefix.view(B * Hkv, nc, *prefix.shape[3:])  # (B*Hkv, nc, F, Dv)
-            z3 = zprefix.view(B * Hkv, nc, -1, 1)  # (B*Hkv, nc, F, 1)
-            states = {h: (s3[h], z3[h]) for h in range(B * Hkv)}
-            grads = causal_backward(q, k, v, out, dout, states, Hq // Hkv, None,
-                                    ctx.half_scale, ROWS)
-        else:
-            state, zsum, shift = saved
-            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-            module = _module()
-            split_work(lambda lo, hi: module.linear_backward(
-                q, k, v, panels, proj_rows, ctx.half_scale, out, dout, state, zsum, shift,
-                *grads, lo, hi), B * Hkv, q.device)
+        module = _module()
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        backward = module.linear_causal_backward if ctx.causal else module.linear_backward
+        split_work(lambda lo, hi: backward(q, k, v, panels, proj_rows, ctx.half_scale, out, dout,
+                                           *saved, *grads, lo, hi),
+                   k.shape[0] * k.shape[1], q.device)
         return (*grads, None, None, None, None)

@@ -498,7 +498,7 @@ class Linear(Backend):
                                             case.needs_grad)
         label = f"{feats},fused-{how}"
         if case.needs_grad:
-            label += f",{_linear_fused.backward_label(case)}"
+            label += ",fused-backward"
         prepared.extras["kernel"] = (
             _native.kernel_name(_linear_fused.KERNEL, fused, f"{feats},{how}", inputs.q.device,
                                 inputs.q.dtype, case.needs_grad, label)

@@ -373,26 +373,34 @@ def test_fused_forward_matches_own_reference_and_brute_force(name):
 
 
 @needs_native
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
 @pytest.mark.parametrize("mask", ["none", "causal"])
-def test_fused_favor_rescales_when_later_keys_raise_the_shift(mask):
+def test_fused_favor_rescales_when_later_keys_raise_the_shift(mask, mode):
     """Keys whose norms shrink along the sequence: their exponents W'k - |k'|^2 / 2 grow
     (from about -50 to a few), so every 64-key chunk raises FAVOR+'s running key shift and
-    the sums over earlier keys are rescaled chunk after chunk; without the rescaling the
-    first keys would weigh e^50 times too much. The result is the formula's all the same."""
-    case = small(mode="fwd", feature_map="favor", mask=mask, num_features=32, batch=1,
+    the sums over earlier keys are rescaled chunk after chunk (and, going backwards, the
+    gradients the later chunks send to earlier keys); without the rescaling the first keys
+    would weigh e^50 times too much. The result is the formula's all the same."""
+    case = small(mode=mode, feature_map="favor", mask=mask, num_features=32, batch=1,
                  heads_q=2, heads_kv=2, seq_q=320, seq_k=320, head_dim=16, head_dim_v=16)
     inputs = case.make_inputs()
     growth = torch.linspace(6.0, 0.5, case.seq_k).view(1, 1, -1, 1)  # (1, 1, N, 1)
     inputs = Inputs(inputs.q, inputs.k * growth, inputs.v, inputs.grad_out)
     prepared = BACKEND.prepare(case, inputs)
-    assert prepared.extras["kernel"] == fused_kernel_name(case)
-    got = prepared.outputs(prepared.fn())["out"]
-    assert torch.isfinite(got).all()
-    assert rel(got, brute_force(case, inputs.q, inputs.k, inputs.v)) < 1e-5
+    assert prepared.extras["kernel"].startswith(fused_kernel_name(case))
+    got = prepared.outputs(prepared.fn())
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
+    want = brute_force(case, q, k, v)  # (B, Hq, N, Dv), float64 with autograd
+    assert torch.isfinite(got["out"]).all()
+    assert rel(got["out"], want) < 1e-5
+    if case.needs_grad:
+        grads = torch.autograd.grad(want, (q, k, v), inputs.grad_out.double())
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            assert torch.isfinite(got[name]).all() and rel(got[name], g) < 1e-5, name
 
 
-# The fused forwards under autograd: the non-causal backward kernel (linear_backward), and
-# causal elu's explicit backward from the kernel's per-chunk states.
+# The fused forwards under autograd: the backward kernels (linear_backward and
+# linear_causal_backward) from the states the forward kept.
 FUSED_GRAD = {
     "gqa-cross": small(heads_q=6, heads_kv=2, seq_q=70, seq_k=131, head_dim=32,
                        head_dim_v=16),
@@ -401,8 +409,15 @@ FUSED_GRAD = {
                              seq_q=70, seq_k=131, head_dim=32, head_dim_v=16),
     "favor-d64": small(feature_map="favor", num_features=256, batch=1, seq_q=200, seq_k=200,
                        head_dim=64, head_dim_v=64),
-    "causal-gqa": small(mask="causal", heads_q=6, heads_kv=2, seq_q=192, seq_k=192,
+    # causal: the last chunk partial
+    "causal-gqa": small(mask="causal", heads_q=6, heads_kv=2, seq_q=170, seq_k=170,
                         head_dim=32, head_dim_v=16),
+    "causal-d64": small(mask="causal", batch=1, seq_q=256, seq_k=256, head_dim=64,
+                        head_dim_v=64),
+    "favor-causal-gqa": small(feature_map="favor", mask="causal", num_features=32, heads_q=4,
+                              heads_kv=2, seq_q=150, seq_k=150, head_dim=16, head_dim_v=16),
+    "favor-causal-d64": small(feature_map="favor", mask="causal", num_features=256, batch=1,
+                              seq_q=256, seq_k=256, head_dim=64, head_dim_v=64),
     "bwd-only": small(mode="bwd", batch=1, seq_q=128, seq_k=128, head_dim=16, head_dim_v=32),
 }
 
@@ -431,11 +446,8 @@ def test_fused_forward_and_backward_match_own_reference(name):
     (dict(mask="causal", seq_q=30), "elu,chunked-prefix(C=64)"),  # causal, seq_q != seq_k
     (dict(mode="fwd_bwd"), "elu,fused-global-state,fused-backward"),
     (dict(mode="fwd_bwd", head_dim=24), "elu,global-state"),  # backward: D % 16 != 0
-    (dict(mode="fwd_bwd", mask="causal"), "elu,chunked-prefix(C=64)"),  # N % 64 != 0
-    (dict(mode="fwd_bwd", mask="causal", seq_q=128, seq_k=128),
-     "elu,fused-chunked-prefix(C=64),explicit-backward"),
-    (dict(mode="fwd_bwd", mask="causal", seq_q=128, seq_k=128, feature_map="favor",
-          num_features=32), "favor(m=32),chunked-prefix(C=64)"),  # causal FAVOR+ backward
+    (dict(mode="fwd_bwd", mask="causal"), "elu,fused-chunked-prefix(C=64),fused-backward"),
+    (dict(mode="fwd_bwd", mask="causal", seq_q=30), "elu,chunked-prefix(C=64)"),
     (dict(dtype="bfloat16"), "elu,global-state"),
 ])
 def test_fused_forward_runs_only_where_it_applies(kw, kernel):

@@ -233,12 +233,13 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
 // Chunks of 64 rows in order, with the state of the keys before the chunk:
 //   o_c = phi(Q_c) S + tril(phi(Q_c) phi(K_c)^T) V_c,  den_c = phi(Q_c) z + rowsum(tril(..)),
 // then S += phi(K_c)^T V_c and z += sum phi(K_c) (two-level sums, as in linear_state).
-// With prefix (B, Hkv, nc, F, Dv) and zprefix (B, Hkv, nc, F) not empty (elu only), the
-// state after each chunk is kept for the backward (written by each group's first head).
+// With prefix (B, Hkv, nc, F, Dv), zprefix (B, Hkv, nc, F) and tops (B, Hkv, nc) not empty,
+// the state after each chunk (at that chunk's key shift, FAVOR+) and the shift are kept
+// for the backward (written by each group's first head).
 void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& proj, double half_scale, const torch::Tensor& out,
-                   const torch::Tensor& prefix, const torch::Tensor& zprefix, int64_t lo,
-                   int64_t hi) {
+                   const torch::Tensor& prefix, const torch::Tensor& zprefix,
+                   const torch::Tensor& tops, int64_t lo, int64_t hi) {
   check_float4d(q, "q");
   check_float4d(k, "k");
   check_float4d(v, "v");
@@ -255,13 +256,13 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
   TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hq, "linear_causal: head range outside");
   const int64_t G = Hq / Hkv, nc = (N + kChunk - 1) / kChunk;
   const bool keep = prefix.numel() > 0;
-  TORCH_CHECK(!keep || (!fm.favor() && prefix.is_contiguous() && zprefix.is_contiguous() &&
-                        prefix.scalar_type() == at::kFloat &&
-                        zprefix.scalar_type() == at::kFloat &&
+  TORCH_CHECK(!keep || (prefix.is_contiguous() && zprefix.is_contiguous() &&
+                        tops.is_contiguous() && prefix.scalar_type() == at::kFloat &&
+                        zprefix.scalar_type() == at::kFloat && tops.scalar_type() == at::kFloat &&
                         prefix.numel() == B * Hkv * nc * F * Dv &&
-                        zprefix.numel() == B * Hkv * nc * F),
-              "linear_causal: prefix must be (B, Hkv, nc, F, Dv) and zprefix (B, Hkv, nc, F), "
-              "float32, elu only");
+                        zprefix.numel() == B * Hkv * nc * F && tops.numel() == B * Hkv * nc),
+              "linear_causal: prefix must be (B, Hkv, nc, F, Dv), zprefix (B, Hkv, nc, F) and "
+              "tops (B, Hkv, nc), float32");
   std::vector<float> st(static_cast<size_t>(F * Dv)), z(static_cast<size_t>(F));
   std::vector<float> sc(static_cast<size_t>(F * Dv)), zc(static_cast<size_t>(F));
   std::vector<float> phiq(static_cast<size_t>(kChunk * F)), phik(static_cast<size_t>(kChunk * F));
@@ -327,9 +328,43 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
         const int64_t at = (n * Hkv + hk) * nc + c0 / kChunk;
         std::copy(st.begin(), st.end(), prefix.data_ptr<float>() + at * F * Dv);
         std::copy(z.begin(), z.end(), zprefix.data_ptr<float>() + at * F);
+        tops.data_ptr<float>()[at] = fm.favor() ? top : 0.f;
       }
     }
   }
+}
+
+// dL/dx of r rows x (row stride xs) into gx (r, D), from dL/dphi (r, F; consumed) and phi:
+// elu + 1: dphi * min(phi, 1) (phi' = exp(min(x, 0))); FAVOR+: da = dphi * phi, dx = da W'
+// with W' = w (F, D) rows, keys also - 2 h x rowsum(da) (the shifts cancel: no term).
+inline void through_features(const FeatureMap& fm, const float* w, const float* x, int64_t xs,
+                             int64_t r, bool keys, float* dphi, const float* phi, float* gx) {
+  const int64_t D = fm.D, F = fm.F;
+  if (!fm.favor()) {
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t d = 0; d < D; d += Vec::size())
+        (Vec::loadu(dphi + i * F + d) * at::vec::minimum(Vec::loadu(phi + i * F + d), Vec(1.f)))
+            .store(gx + i * D + d);
+    return;
+  }
+  for (int64_t i = 0; i < r * F; i += Vec::size())
+    (Vec::loadu(dphi + i) * Vec::loadu(phi + i)).store(dphi + i);
+  for (int64_t d = 0; d < D; d += kPanel)
+    for_row_bands<PVBand>(r, dphi, F, w + d, D, F, gx + d, D, false);
+  if (keys)
+    for (int64_t i = 0; i < r; ++i) {
+      float rs = 0.f;
+      for (int64_t f = 0; f < F; ++f) rs += dphi[i * F + f];
+      const Vec c(-2.f * fm.half_scale * rs);
+      for (int64_t d = 0; d < D; d += Vec::size())
+        at::vec::fmadd(Vec::loadu(x + i * xs + d), c, Vec::loadu(gx + i * D + d)).store(gx + i * D + d);
+    }
+}
+
+// (F, Dv) -> its transpose (Dv, F)
+inline void transpose_into(const float* a, int64_t rows, int64_t cols, float* t) {
+  for (int64_t f = 0; f < rows; ++f)
+    for (int64_t e = 0; e < cols; ++e) t[e * rows + f] = a[f * cols + e];
 }
 
 // The non-causal backward: dq, dk, dv (contiguous, shaped as q, k, v) for kv heads
@@ -382,38 +417,12 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
   std::vector<float> phi(static_cast<size_t>(kChunk * F)), dphi(static_cast<size_t>(kChunk * F));
   std::vector<float> dnum(static_cast<size_t>(kChunk * Dv)), dden(static_cast<size_t>(kChunk));
   std::vector<float> gx(static_cast<size_t>(kChunk * std::max(D, Dv)));  // a chunk's dx or dv
-  // dx of r rows from dphi (consumed) and phi, into gx (r, D)
-  auto through_features = [&](const float* x, int64_t xs, int64_t r, bool keys) {
-    if (!fm.favor()) {
-      for (int64_t i = 0; i < r; ++i) {
-        float* g = &dphi[i * F];
-        const float* f = &phi[i * F];
-        int64_t d = 0;
-        for (; d + Vec::size() <= D; d += Vec::size())
-          (Vec::loadu(g + d) * at::vec::minimum(Vec::loadu(f + d), Vec(1.f))).store(&gx[i * D + d]);
-      }
-      return;
-    }
-    for (int64_t i = 0; i < r * F; i += Vec::size())  // da = dphi * phi
-      (Vec::loadu(&dphi[i]) * Vec::loadu(&phi[i])).store(&dphi[i]);
-    for (int64_t d = 0; d < D; d += kPanel)
-      for_row_bands<PVBand>(r, dphi.data(), F, w + d, D, F, gx.data() + d, D, false);
-    if (keys)
-      for (int64_t i = 0; i < r; ++i) {
-        float rs = 0.f;
-        for (int64_t f = 0; f < F; ++f) rs += dphi[i * F + f];
-        const Vec c(-2.f * fm.half_scale * rs);
-        for (int64_t d = 0; d < D; d += Vec::size())
-          at::vec::fmadd(Vec::loadu(x + i * xs + d), c, Vec::loadu(&gx[i * D + d])).store(&gx[i * D + d]);
-      }
-  };
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hkv, hk = head % Hkv;
     const float* s = state.data_ptr<float>() + head * F * Dv;  // (F, Dv)
     const float* z = zsum.data_ptr<float>() + head * F;  // (F,)
     const float top = shift.data_ptr<float>()[head];
-    for (int64_t f = 0; f < F; ++f)  // S^T (Dv, F): the right operand of dnum S^T
-      for (int64_t e = 0; e < Dv; ++e) st[e * F + f] = s[f * Dv + e];
+    transpose_into(s, F, Dv, st.data());  // S^T (Dv, F): the right operand of dnum S^T
     std::fill(ds.begin(), ds.end(), 0.f);
     std::fill(dz.begin(), dz.end(), 0.f);
     for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
@@ -444,13 +453,13 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
             at::vec::fmadd(c, Vec::loadu(&phi[i * F + f]), Vec::loadu(&dz[f])).store(&dz[f]);
           }
         }
-        through_features(qb + i0 * q.stride(2), q.stride(2), r, false);
+        through_features(fm, w, qb + i0 * q.stride(2), q.stride(2), r, false, dphi.data(),
+                         phi.data(), gx.data());
         std::copy_n(gx.data(), r * D, dqb + i0 * D);
       }
     }
     // the keys: dV = phi(K) dS, dphi(K) = V dS^T + dz
-    for (int64_t f = 0; f < F; ++f)
-      for (int64_t e = 0; e < Dv; ++e) dst[e * F + f] = ds[f * Dv + e];
+    transpose_into(ds.data(), F, Dv, dst.data());
     const float* kb = k.data_ptr<float>() + n * k.stride(0) + hk * k.stride(1);
     const float* vb = v.data_ptr<float>() + n * v.stride(0) + hk * v.stride(1);
     float* dkb = dk.data_ptr<float>() + head * Nk * D;
@@ -465,8 +474,175 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
         for_row_bands<PVBand>(r, vb + j0 * v.stride(2), v.stride(2), dst.data() + f, F, Dv,
                               dphi.data() + f, F, false);
       for (int64_t i = 0; i < r; ++i) add_into(&dphi[i * F], dz.data(), F);
-      through_features(kb + j0 * k.stride(2), k.stride(2), r, true);
+      through_features(fm, w, kb + j0 * k.stride(2), k.stride(2), r, true, dphi.data(),
+                       phi.data(), gx.data());
       std::copy_n(gx.data(), r * D, dkb + j0 * D);
+    }
+  }
+}
+
+// The causal backward (seq_q == seq_k = N): dq, dk, dv for kv heads [lo, hi) of B*Hkv and
+// their query heads, from out, dout and the forward's prefix, zprefix and tops
+// (linear_causal). Chunk c's output is (A_c V_c + phi(Q_c) S_<c) / den_c with
+// A_c = tril(phi(Q_c) phi(K_c)^T) and den_c = A_c 1 + phi(Q_c) z_<c, all at the chunk's
+// key shift t_c. Going through the chunks backwards, with dnum and dden as in the
+// non-causal form:
+//
+//   dA_c     = tril(dnum V_c^T + dden 1^T)
+//   dphi(Q_c) = dA_c phi(K_c) + dnum S_<c^T + dden z_<c^T
+//   dphi(K_c) = dA_c^T phi(Q_c) + V_c G_c^T + gz_c        dV_c = A_c^T dnum + phi(K_c) G_c
+//
+// summed over the group's query heads, where G_c = sum_{c' > c} phi(Q_c')^T dnum_c' (and gz_c
+// with dden) carries what the later chunks' reads of the state send back to chunk c's keys.
+// FAVOR+: a later chunk c' saw these keys at its own shift t_c' >= t_c, so its terms enter
+// G_c scaled by exp(t_c - t_c'), and S_<c is the kept state of chunk c - 1 scaled to t_c.
+void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v, const torch::Tensor& proj,
+                            const torch::Tensor& proj_rows, double half_scale,
+                            const torch::Tensor& out, const torch::Tensor& dout,
+                            const torch::Tensor& prefix, const torch::Tensor& zprefix,
+                            const torch::Tensor& tops, const torch::Tensor& dq,
+                            const torch::Tensor& dk, const torch::Tensor& dv, int64_t lo,
+                            int64_t hi) {
+  check_float4d(q, "q");
+  check_float4d(k, "k");
+  check_float4d(v, "v");
+  const int64_t B = q.size(0), Hq = q.size(1), N = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Dv = v.size(3);
+  const FeatureMap fm = feature_map(proj, D, half_scale);
+  const int64_t F = fm.F, nc = (N + kChunk - 1) / kChunk;
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && k.size(2) == N && v.size(2) == N &&
+                  v.size(1) == Hkv && k.size(3) == D && Hkv > 0 && Hq % Hkv == 0,
+              "linear_causal_backward: q, k, v shapes do not match (seq_q must equal seq_k)");
+  TORCH_CHECK(D % kPanel == 0 && Dv % kPanel == 0 && F % kPanel == 0,
+              "linear_causal_backward: D, Dv and the features must be multiples of 16");
+  TORCH_CHECK(!fm.favor() || (proj_rows.is_contiguous() && proj_rows.numel() == F * D &&
+                              proj_rows.scalar_type() == at::kFloat),
+              "linear_causal_backward: proj_rows must be FAVOR+'s W' (m, D), float32");
+  for (const torch::Tensor* t : {&out, &dout, &dq, &dk, &dv, &prefix, &zprefix, &tops})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat,
+                "linear_causal_backward: out, dout, grads and states must be contiguous float32");
+  TORCH_CHECK(out.numel() == B * Hq * N * Dv && dout.numel() == out.numel() &&
+                  dq.numel() == q.numel() && dk.numel() == k.numel() &&
+                  dv.numel() == v.numel() && prefix.numel() == B * Hkv * nc * F * Dv &&
+                  zprefix.numel() == B * Hkv * nc * F && tops.numel() == B * Hkv * nc,
+              "linear_causal_backward: out, dout, grads or states have the wrong size");
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_causal_backward: head range");
+  const int64_t G = Hq / Hkv;
+  const float* w = fm.favor() ? proj_rows.data_ptr<float>() : nullptr;  // (F, D)
+  auto buf = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  std::vector<float> fk = buf(kChunk * F), fkp = buf(kChunk * F), vp = buf(kChunk * Dv);
+  std::vector<float> sp = buf(F * Dv), spt = buf(Dv * F), zp = buf(F);
+  std::vector<float> g = buf(F * Dv), gt = buf(Dv * F), gz = buf(F);
+  std::vector<float> tg = buf(F * Dv), tgz = buf(F);  // this chunk's phi(Q)^T dnum, dden
+  std::vector<float> fq = buf(kChunk * F), a = buf(kChunk * kChunk), da = buf(kChunk * kChunk);
+  std::vector<float> dnum = buf(kChunk * Dv), dden = buf(kChunk), den = buf(kChunk);
+  std::vector<float> dfq = buf(kChunk * F), dfk = buf(kChunk * F), dvc = buf(kChunk * Dv);
+  std::vector<float> gx = buf(kChunk * std::max(D, Dv));
+  for (int64_t head = lo; head < hi; ++head) {
+    const int64_t n = head / Hkv, hk = head % Hkv;
+    const float* kb = k.data_ptr<float>() + n * k.stride(0) + hk * k.stride(1);
+    const float* vb = v.data_ptr<float>() + n * v.stride(0) + hk * v.stride(1);
+    const float* pre = prefix.data_ptr<float>() + head * nc * F * Dv;  // (nc, F, Dv)
+    const float* zpre = zprefix.data_ptr<float>() + head * nc * F;  // (nc, F)
+    const float* tp = tops.data_ptr<float>() + head * nc;  // (nc,)
+    float* dkb = dk.data_ptr<float>() + head * N * D;
+    float* dvb = dv.data_ptr<float>() + head * N * Dv;
+    std::fill(g.begin(), g.end(), 0.f);
+    std::fill(gz.begin(), gz.end(), 0.f);
+    for (int64_t c = nc - 1; c >= 0; --c) {
+      const int64_t c0 = c * kChunk, r = std::min(kChunk, N - c0), rp = ceil_to(r, kPanel);
+      keys_at(fm, kb + c0 * k.stride(2), k.stride(2), r, fk.data(), tp[c]);
+      std::fill(fkp.begin(), fkp.begin() + rp * F, 0.f);  // phi(K_c) as (F, 16) panels
+      for (int64_t j = 0; j < r; ++j) {
+        float* panel = &fkp[(j / kPanel) * F * kPanel + j % kPanel];
+        for (int64_t f = 0; f < F; ++f) panel[f * kPanel] = fk[j * F + f];
+      }
+      pack_keys(vb, v.stride(2), Dv, N, c0, c0 + rp, vp.data());  // V_c as (Dv, 16) panels
+      if (c > 0) {  // the state before the chunk, at its shift
+        const float scale = std::exp(tp[c - 1] - tp[c]);
+        scaled_copy(pre + (c - 1) * F * Dv, sp.data(), F * Dv, scale);
+        scaled_copy(zpre + (c - 1) * F, zp.data(), F, scale);
+      } else {
+        std::fill(sp.begin(), sp.end(), 0.f);
+        std::fill(zp.begin(), zp.end(), 0.f);
+      }
+      transpose_into(sp.data(), F, Dv, spt.data());
+      transpose_into(g.data(), F, Dv, gt.data());
+      std::fill(dfk.begin(), dfk.begin() + r * F, 0.f);
+      std::fill(dvc.begin(), dvc.begin() + r * Dv, 0.f);
+      std::fill(tg.begin(), tg.end(), 0.f);
+      std::fill(tgz.begin(), tgz.end(), 0.f);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        const int64_t qh = n * Hq + h;
+        const float* qb = q.data_ptr<float>() + n * q.stride(0) + h * q.stride(1);
+        const float* ob = out.data_ptr<float>() + (qh * N + c0) * Dv;  // (r, Dv)
+        const float* gb = dout.data_ptr<float>() + (qh * N + c0) * Dv;
+        fm.queries(qb + c0 * q.stride(2), q.stride(2), r, fq.data());
+        for (int64_t p = 0; p < rp; p += kPanel)  // A = tril(phi(Q_c) phi(K_c)^T)
+          for_row_bands<QKBand>(r, fq.data(), F, &fkp[p * F], F, 1.f, a.data() + p, kChunk);
+        for (int64_t i = 0; i < r; ++i) {
+          float* row = &a[i * kChunk];
+          std::fill(row + i + 1, row + rp, 0.f);
+          float sum = 0.f;
+          for (int64_t j = 0; j <= i; ++j) sum += row[j];
+          den[i] = std::max(sum + dot(&fq[i * F], zp.data(), F), FLT_MIN);  // as the forward
+          scaled_copy(gb + i * Dv, &dnum[i * Dv], Dv, 1.f / den[i]);
+          dden[i] = -dot(&dnum[i * Dv], ob + i * Dv, Dv);
+        }
+        for (int64_t p = 0; p < rp; p += kPanel)  // dnum V_c^T
+          for_row_bands<QKBand>(r, dnum.data(), Dv, &vp[p * Dv], Dv, 1.f, da.data() + p, kChunk);
+        for (int64_t i = 0; i < r; ++i) {  // + dden 1^T, then tril
+          float* row = &da[i * kChunk];
+          add_scalar(row, i + 1, dden[i]);
+          std::fill(row + i + 1, row + rp, 0.f);
+        }
+        for (int64_t f = 0; f < F; f += kPanel) {  // dphi(Q_c) = dA phi(K_c) + dnum S_<c^T
+          for_row_bands<PVBand>(r, da.data(), kChunk, fk.data() + f, F, r, dfq.data() + f, F,
+                                false);
+          for_row_bands<PVBand>(r, dnum.data(), Dv, spt.data() + f, F, Dv, dfq.data() + f, F,
+                                true);
+        }
+        for (int64_t i = 0; i < r; ++i) {  // + dden z_<c^T; gz's share: phi(Q)^T dden
+          const Vec cd(dden[i]);
+          for (int64_t f = 0; f < F; f += Vec::size()) {
+            at::vec::fmadd(cd, Vec::loadu(&zp[f]), Vec::loadu(&dfq[i * F + f])).store(&dfq[i * F + f]);
+            at::vec::fmadd(cd, Vec::loadu(&fq[i * F + f]), Vec::loadu(&tgz[f])).store(&tgz[f]);
+          }
+        }
+        for (int64_t f = 0; f < F; f += kPanel)  // dphi(K_c) += dA^T phi(Q_c)
+          for_row_bands<PVTBand>(r, da.data(), kChunk, fq.data() + f, F, r, dfk.data() + f, F,
+                                 true);
+        for (int64_t e = 0; e < Dv; e += kPanel) {  // dV_c += A^T dnum; G's share
+          for_row_bands<PVTBand>(r, a.data(), kChunk, dnum.data() + e, Dv, r, dvc.data() + e,
+                                 Dv, true);
+          for_row_bands<PVTBand>(F, fq.data(), F, dnum.data() + e, Dv, r, tg.data() + e, Dv,
+                                 true);
+        }
+        through_features(fm, w, qb + c0 * q.stride(2), q.stride(2), r, false, dfq.data(),
+                         fq.data(), gx.data());
+        std::copy_n(gx.data(), r * D, dq.data_ptr<float>() + (qh * N + c0) * D);
+      }
+      // what the later chunks send back: dphi(K_c) += V_c G^T + gz, dV_c += phi(K_c) G
+      for (int64_t f = 0; f < F; f += kPanel)
+        for_row_bands<PVBand>(r, vb + c0 * v.stride(2), v.stride(2), gt.data() + f, F, Dv,
+                              dfk.data() + f, F, true);
+      for (int64_t j = 0; j < r; ++j) add_into(&dfk[j * F], gz.data(), F);
+      for (int64_t e = 0; e < Dv; e += kPanel)
+        for_row_bands<PVBand>(r, fk.data(), F, g.data() + e, Dv, F, dvc.data() + e, Dv, true);
+      std::copy_n(dvc.data(), r * Dv, dvb + c0 * Dv);
+      through_features(fm, w, kb + c0 * k.stride(2), k.stride(2), r, true, dfk.data(),
+                       fk.data(), gx.data());
+      std::copy_n(gx.data(), r * D, dkb + c0 * D);
+      if (c > 0) {  // G for chunk c - 1: this chunk's share joins, at the earlier shift
+        const float scale = std::exp(tp[c - 1] - tp[c]);
+        add_into(g.data(), tg.data(), F * Dv);
+        add_into(gz.data(), tgz.data(), F);
+        if (scale != 1.f) {
+          scale_in_place(g.data(), F * Dv, scale);
+          scale_in_place(gz.data(), F, scale);
+        }
+      }
     }
   }
 }
@@ -483,5 +659,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_backward", &linear_backward,
         "dq, dk, dv of the non-causal form for kv heads [lo, hi)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_causal_backward", &linear_causal_backward,
+        "dq, dk, dv of the causal form (seq_q == seq_k) for kv heads [lo, hi)",
         py::call_guard<py::gil_scoped_release>());
 }
