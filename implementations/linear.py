@@ -20,7 +20,8 @@ chunks, and inside a chunk a masked C x C product: O(N * F * (Dv + C)), no loop 
 token and no (N, F, Dv) tensor. Causal with seq_q != seq_k is bottom-right aligned
 (query i sees keys j <= i + seq_k - seq_q); rows that see no key produce zeros.
 fp16/bf16 inputs are computed (and accumulated) in fp32, float64 in float64.
-Windows and block-sparse masks are not supported.
+Windows and block-sparse masks are not supported. fp32 on the CPU runs the same formulas in
+the C++ kernels of ``_linear_fused`` (forward and backward) where the shapes fit the tiles.
 """
 
 from __future__ import annotations
