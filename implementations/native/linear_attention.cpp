@@ -40,6 +40,11 @@ namespace {
 using namespace attnbench;
 
 constexpr int64_t kChunk = 64;  // rows of phi per step
+// Long sums over keys (or query rows) go in three levels: 64 rows in a tile's chain, 16
+// chunks in a group's buffer, then the groups. With two levels the last one is a chain of
+// N / 64 adds (128 at N = 8192), and FAVOR+'s S read errors 2-5% above the eager path's,
+// whose matmuls block their sums about so.
+constexpr int64_t kGroup = 16;
 
 inline Vec elu1(const Vec& x) {  // elu(x) + 1: x + 1 where x > 0, else exp(x)
   return Vec::blendv(x.exp_u20(), x + Vec(1.f), x > Vec(0.f));
@@ -60,6 +65,34 @@ inline void add_scalar(float* x, int64_t n, float s) {  // x += s
 }
 
 inline void scale_in_place(float* x, int64_t n, float s) { scaled_copy(x, x, n, s); }
+
+// x <- exp(x - mx) in place with Sleef's 1-ulp exp. FAVOR+'s features are these exps
+// themselves, and exp_u20 (up to 20 ulp, the softmax kernels' choice) left its errors
+// against float64 3-4% above the eager path's (torch.exp, 1 ulp).
+inline void exp_shift(float* x, int64_t n, float mx) {
+  int64_t j = 0;
+  const Vec vm(mx);
+  for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(x + j) - vm).exp().store(x + j);
+  for (; j < n; ++j) x[j] = std::exp(x[j] - mx);
+}
+
+// O (m x cols, row stride ldo) = P (m x K) @ V (K x cols), K the features: the sum goes in
+// slices of kSlice features, each its own tile chain, added after (as MKL blocks its sums).
+// One chain over FAVOR+'s 256 features read 7% further from float64 than the eager path's
+// matmul. tmp: m x cols scratch.
+constexpr int64_t kSlice = 64;
+inline void features_product(int64_t m, const float* p, int64_t ldp, const float* v, int64_t vs,
+                             int64_t K, int64_t cols, float* o, int64_t ldo, float* tmp) {
+  for (int64_t k0 = 0; k0 < K; k0 += kSlice) {
+    const int64_t kn = std::min(kSlice, K - k0);
+    float* dst = k0 == 0 ? o : tmp;
+    const int64_t ld = k0 == 0 ? ldo : cols;
+    for (int64_t e = 0; e < cols; e += kPanel)
+      for_row_bands<PVBand>(m, p + k0, ldp, v + k0 * vs + e, vs, kn, dst + e, ld, false);
+    if (k0 > 0)
+      for (int64_t i = 0; i < m; ++i) add_into(o + i * ldo, tmp + i * cols, cols);
+  }
+}
 
 // The feature map: elu + 1 (panels == nullptr, F = D) or FAVOR+ with m = F features, whose
 // scaled projection W' = W sqrt(scale) comes packed as F/16 panels of (D, 16).
@@ -88,7 +121,7 @@ struct FeatureMap {
     exponents(x, xs, r, dst, false);
     if (favor())
       for (int64_t i = 0; i < r; ++i)
-        exp_sum(dst + i * F, F, max_of(dst + i * F, F, -INFINITY));
+        exp_shift(dst + i * F, F, max_of(dst + i * F, F, -INFINITY));
   }
 
   // phi of r key rows into dst (r, F) at the running shift `top` (FAVOR+), which this chunk
@@ -102,7 +135,7 @@ struct FeatureMap {
       if (top > -INFINITY) rescale = std::exp(top - mc);
       top = mc;
     }
-    exp_sum(dst, r * F, top);
+    exp_shift(dst, r * F, top);
     return rescale;
   }
 };
@@ -111,7 +144,7 @@ struct FeatureMap {
 inline void keys_at(const FeatureMap& fm, const float* x, int64_t xs, int64_t r, float* dst,
                     float top) {
   fm.exponents(x, xs, r, dst, true);
-  if (fm.favor()) exp_sum(dst, r * fm.F, top);
+  if (fm.favor()) exp_shift(dst, r * fm.F, top);
 }
 
 void check_float4d(const torch::Tensor& t, const char* what) {
@@ -158,6 +191,7 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
   std::vector<float> zc(static_cast<size_t>(F));
   std::vector<float> sc(static_cast<size_t>(F * Dv));  // one chunk's phi(K)^T V
   std::vector<float> vc(static_cast<size_t>(kChunk * Dv));  // the chunk's V rows, in L1
+  std::vector<float> sg(static_cast<size_t>(F * Dv)), zg(static_cast<size_t>(F));  // a group's
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hkv, h = head % Hkv;
     const float* kh = k.data_ptr<float>() + n * k.stride(0) + h * k.stride(1);
@@ -166,6 +200,8 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
     float* z = zsum.data_ptr<float>() + head * F;  // (F,)
     std::fill(s, s + F * Dv, 0.f);
     std::fill(z, z + F, 0.f);
+    std::fill(sg.begin(), sg.end(), 0.f);
+    std::fill(zg.begin(), zg.end(), 0.f);
     float top = -INFINITY;  // FAVOR+'s key shift so far
     for (int64_t j0 = 0; j0 < Nk; j0 += kChunk) {
       const int64_t r = std::min(kChunk, Nk - j0);
@@ -173,11 +209,13 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       if (rescale != 1.f) {
         scale_in_place(s, F * Dv, rescale);
         scale_in_place(z, F, rescale);
+        scale_in_place(sg.data(), F * Dv, rescale);
+        scale_in_place(zg.data(), F, rescale);
       }
       std::fill(zc.begin(), zc.end(), 0.f);
       for (int64_t j = 0; j < r; ++j) add_into(zc.data(), &phik[j * F], F);
       // The chunk's phi(K_rows)^T (F, r) @ V_rows (r, Dv) (phi(K) read transposed), then
-      // added to S: sums in two levels (64 keys, then the chunks), not one fp32 chain.
+      // added to the group's sums: three levels (kGroup), not one fp32 chain.
       // V's rows copied once (a sequential read) rather than read in four 16-float
       // column slabs by the tiles
       for (int64_t j = 0; j < r; ++j)
@@ -185,8 +223,14 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       for (int64_t e = 0; e < Dv; e += kPanel)
         for_row_bands<PVTBand>(F, phik.data(), F, vc.data() + e, Dv, r, sc.data() + e, Dv,
                                false);
-      add_into(z, zc.data(), F);
-      add_into(s, sc.data(), F * Dv);
+      add_into(zg.data(), zc.data(), F);
+      add_into(sg.data(), sc.data(), F * Dv);
+      if ((j0 / kChunk + 1) % kGroup == 0 || j0 + r == Nk) {  // the group joins S and z
+        add_into(z, zg.data(), F);
+        add_into(s, sg.data(), F * Dv);
+        std::fill(sg.begin(), sg.end(), 0.f);
+        std::fill(zg.begin(), zg.end(), 0.f);
+      }
     }
     shift.data_ptr<float>()[head] = fm.favor() ? top : 0.f;
   }
@@ -212,6 +256,7 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
   // The block's phi(Q) S goes to a buffer in L1 and is scaled into `out` in one pass: the
   // tiles storing straight into `out` (fresh lines each block) ran at half their speed.
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv));  // (kChunk, Dv)
+  std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
   for (int64_t task = lo; task < hi; ++task) {
     const int64_t b = task % nb, bh = task / nb, h = bh % Hq, n = bh / Hq;
     const int64_t head = n * Hkv + h / G, i0 = b * kChunk, m = std::min(kChunk, Nq - i0);
@@ -220,8 +265,7 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
     const float* z = zsum.data_ptr<float>() + head * F;  // (F,)
     float* ob = out.data_ptr<float>() + ((n * Hq + h) * Nq + i0) * Dv;  // (m, Dv)
     fm.queries(qb + i0 * q.stride(2), q.stride(2), m, phiq.data());
-    for (int64_t e = 0; e < Dv; e += kPanel)
-      for_row_bands<PVBand>(m, phiq.data(), F, s + e, Dv, F, ot.data() + e, Dv, false);
+    features_product(m, phiq.data(), F, s, Dv, F, Dv, ot.data(), Dv, tmp.data());
     // phi > 0, so phi(Q_i) . z == 0 only if it underflowed (FAVOR+): then the numerator
     // is 0 too, as in the eager form (which divides by the smallest normal float)
     for (int64_t i = 0; i < m; ++i)
@@ -270,6 +314,7 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
   std::vector<float> a(static_cast<size_t>(kChunk * kChunk));  // (C, C) masked scores
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv)), den(static_cast<size_t>(kChunk));
   std::vector<float> inner(static_cast<size_t>(kChunk * Dv));  // the chunk's own keys' part
+  std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hq, h = head % Hq, hk = h / G;
     const float* qh = q.data_ptr<float>() + n * q.stride(0) + h * q.stride(1);
@@ -295,9 +340,7 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
         for (int64_t d = 0; d < F; ++d) panel[d * kPanel] = phik[i * F + d];
       }
       // the keys before the chunk: phi(Q_c) S and phi(Q_c) . z
-      for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVBand>(r, phiq.data(), F, st.data() + e, Dv, F, ot.data() + e, Dv,
-                              false);
+      features_product(r, phiq.data(), F, st.data(), Dv, F, Dv, ot.data(), Dv, tmp.data());
       for (int64_t i = 0; i < r; ++i) den[i] = dot(&phiq[i * F], z.data(), F);
       // inside the chunk: row i sees keys 0..i
       for (int64_t p = 0; p < rp; p += kPanel)
@@ -338,7 +381,8 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
 // elu + 1: dphi * min(phi, 1) (phi' = exp(min(x, 0))); FAVOR+: da = dphi * phi, dx = da W'
 // with W' = w (F, D) rows, keys also - 2 h x rowsum(da) (the shifts cancel: no term).
 inline void through_features(const FeatureMap& fm, const float* w, const float* x, int64_t xs,
-                             int64_t r, bool keys, float* dphi, const float* phi, float* gx) {
+                             int64_t r, bool keys, float* dphi, const float* phi, float* gx,
+                             float* tmp) {
   const int64_t D = fm.D, F = fm.F;
   if (!fm.favor()) {
     for (int64_t i = 0; i < r; ++i)
@@ -349,8 +393,7 @@ inline void through_features(const FeatureMap& fm, const float* w, const float* 
   }
   for (int64_t i = 0; i < r * F; i += Vec::size())
     (Vec::loadu(dphi + i) * Vec::loadu(phi + i)).store(dphi + i);
-  for (int64_t d = 0; d < D; d += kPanel)
-    for_row_bands<PVBand>(r, dphi, F, w + d, D, F, gx + d, D, false);
+  features_product(r, dphi, F, w, D, F, D, gx, D, tmp);
   if (keys)
     for (int64_t i = 0; i < r; ++i) {
       float rs = 0.f;
@@ -414,9 +457,12 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
   std::vector<float> st(static_cast<size_t>(Dv * F)), dst(static_cast<size_t>(Dv * F));
   std::vector<float> ds(static_cast<size_t>(F * Dv)), dz(static_cast<size_t>(F));
   std::vector<float> sc(static_cast<size_t>(F * Dv));  // one chunk's phi(Q)^T dnum
+  std::vector<float> sg(static_cast<size_t>(F * Dv)), zg(static_cast<size_t>(F));  // a group's
+  std::vector<float> zc(static_cast<size_t>(F));  // one chunk's phi(Q)^T dden
   std::vector<float> phi(static_cast<size_t>(kChunk * F)), dphi(static_cast<size_t>(kChunk * F));
   std::vector<float> dnum(static_cast<size_t>(kChunk * Dv)), dden(static_cast<size_t>(kChunk));
   std::vector<float> gx(static_cast<size_t>(kChunk * std::max(D, Dv)));  // a chunk's dx or dv
+  std::vector<float> tmp(static_cast<size_t>(kChunk * std::max(D, Dv)));
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hkv, hk = head % Hkv;
     const float* s = state.data_ptr<float>() + head * F * Dv;  // (F, Dv)
@@ -425,6 +471,10 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
     transpose_into(s, F, Dv, st.data());  // S^T (Dv, F): the right operand of dnum S^T
     std::fill(ds.begin(), ds.end(), 0.f);
     std::fill(dz.begin(), dz.end(), 0.f);
+    std::fill(sg.begin(), sg.end(), 0.f);
+    std::fill(zg.begin(), zg.end(), 0.f);
+    int64_t chunks = 0;  // query chunks so far, over the group's heads
+    const int64_t total = G * ((Nq + kChunk - 1) / kChunk);
     for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
       const int64_t qh = n * Hq + h;
       const float* qb = q.data_ptr<float>() + n * q.stride(0) + h * q.stride(1);
@@ -439,22 +489,30 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
           scaled_copy(gb + (i0 + i) * Dv, &dnum[i * Dv], Dv, 1.f / den);
           dden[i] = -dot(&dnum[i * Dv], ob + (i0 + i) * Dv, Dv);
         }
-        for (int64_t e = 0; e < Dv; e += kPanel)  // phi(Q)^T dnum: two-level sums
+        for (int64_t e = 0; e < Dv; e += kPanel)  // phi(Q)^T dnum: three-level sums
           for_row_bands<PVTBand>(F, phi.data(), F, dnum.data() + e, Dv, r, sc.data() + e, Dv,
                                  false);
-        add_into(ds.data(), sc.data(), F * Dv);
+        add_into(sg.data(), sc.data(), F * Dv);
+        std::fill(zc.begin(), zc.end(), 0.f);
         for (int64_t f = 0; f < F; f += kPanel)  // dnum S^T
           for_row_bands<PVBand>(r, dnum.data(), Dv, st.data() + f, F, Dv, dphi.data() + f, F,
                                 false);
         for (int64_t i = 0; i < r; ++i) {
           const Vec c(dden[i]);
-          for (int64_t f = 0; f < F; f += Vec::size()) {  // + dden z^T; dz += dden phi
+          for (int64_t f = 0; f < F; f += Vec::size()) {  // + dden z^T; the chunk's dden phi
             at::vec::fmadd(c, Vec::loadu(z + f), Vec::loadu(&dphi[i * F + f])).store(&dphi[i * F + f]);
-            at::vec::fmadd(c, Vec::loadu(&phi[i * F + f]), Vec::loadu(&dz[f])).store(&dz[f]);
+            at::vec::fmadd(c, Vec::loadu(&phi[i * F + f]), Vec::loadu(&zc[f])).store(&zc[f]);
           }
         }
+        add_into(zg.data(), zc.data(), F);
+        if (++chunks % kGroup == 0 || chunks == total) {  // the group joins dS and dz
+          add_into(ds.data(), sg.data(), F * Dv);
+          add_into(dz.data(), zg.data(), F);
+          std::fill(sg.begin(), sg.end(), 0.f);
+          std::fill(zg.begin(), zg.end(), 0.f);
+        }
         through_features(fm, w, qb + i0 * q.stride(2), q.stride(2), r, false, dphi.data(),
-                         phi.data(), gx.data());
+                         phi.data(), gx.data(), tmp.data());
         std::copy_n(gx.data(), r * D, dqb + i0 * D);
       }
     }
@@ -467,15 +525,14 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
     for (int64_t j0 = 0; j0 < Nk; j0 += kChunk) {
       const int64_t r = std::min(kChunk, Nk - j0);
       keys_at(fm, kb + j0 * k.stride(2), k.stride(2), r, phi.data(), top);
-      for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVBand>(r, phi.data(), F, ds.data() + e, Dv, F, gx.data() + e, Dv, false);
+      features_product(r, phi.data(), F, ds.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());
       std::copy_n(gx.data(), r * Dv, dvb + j0 * Dv);
       for (int64_t f = 0; f < F; f += kPanel)
         for_row_bands<PVBand>(r, vb + j0 * v.stride(2), v.stride(2), dst.data() + f, F, Dv,
                               dphi.data() + f, F, false);
       for (int64_t i = 0; i < r; ++i) add_into(&dphi[i * F], dz.data(), F);
       through_features(fm, w, kb + j0 * k.stride(2), k.stride(2), r, true, dphi.data(),
-                       phi.data(), gx.data());
+                       phi.data(), gx.data(), tmp.data());
       std::copy_n(gx.data(), r * D, dkb + j0 * D);
     }
   }
@@ -538,7 +595,9 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<float> fq = buf(kChunk * F), a = buf(kChunk * kChunk), da = buf(kChunk * kChunk);
   std::vector<float> dnum = buf(kChunk * Dv), dden = buf(kChunk), den = buf(kChunk);
   std::vector<float> dfq = buf(kChunk * F), dfk = buf(kChunk * F), dvc = buf(kChunk * Dv);
+  std::vector<float> ts = buf(kChunk * F);  // terms through the states, before they are added
   std::vector<float> gx = buf(kChunk * std::max(D, Dv));
+  std::vector<float> tmp = buf(kChunk * std::max(D, Dv));
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hkv, hk = head % Hkv;
     const float* kb = k.data_ptr<float>() + n * k.stride(0) + hk * k.stride(1);
@@ -600,9 +659,10 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
         for (int64_t f = 0; f < F; f += kPanel) {  // dphi(Q_c) = dA phi(K_c) + dnum S_<c^T
           for_row_bands<PVBand>(r, da.data(), kChunk, fk.data() + f, F, r, dfq.data() + f, F,
                                 false);
-          for_row_bands<PVBand>(r, dnum.data(), Dv, spt.data() + f, F, Dv, dfq.data() + f, F,
-                                true);
+          for_row_bands<PVBand>(r, dnum.data(), Dv, spt.data() + f, F, Dv, ts.data() + f, F,
+                                false);
         }
+        add_into(dfq.data(), ts.data(), r * F);  // two chains summed apart, then added
         for (int64_t i = 0; i < r; ++i) {  // + dden z_<c^T; gz's share: phi(Q)^T dden
           const Vec cd(dden[i]);
           for (int64_t f = 0; f < F; f += Vec::size()) {
@@ -620,19 +680,21 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
                                  true);
         }
         through_features(fm, w, qb + c0 * q.stride(2), q.stride(2), r, false, dfq.data(),
-                         fq.data(), gx.data());
+                         fq.data(), gx.data(), tmp.data());
         std::copy_n(gx.data(), r * D, dq.data_ptr<float>() + (qh * N + c0) * D);
       }
       // what the later chunks send back: dphi(K_c) += V_c G^T + gz, dV_c += phi(K_c) G
+      // (each summed apart from the chunk's own terms, then added)
       for (int64_t f = 0; f < F; f += kPanel)
         for_row_bands<PVBand>(r, vb + c0 * v.stride(2), v.stride(2), gt.data() + f, F, Dv,
-                              dfk.data() + f, F, true);
-      for (int64_t j = 0; j < r; ++j) add_into(&dfk[j * F], gz.data(), F);
-      for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVBand>(r, fk.data(), F, g.data() + e, Dv, F, dvc.data() + e, Dv, true);
+                              ts.data() + f, F, false);
+      for (int64_t j = 0; j < r; ++j) add_into(&ts[j * F], gz.data(), F);
+      add_into(dfk.data(), ts.data(), r * F);
+      features_product(r, fk.data(), F, g.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());
+      add_into(dvc.data(), gx.data(), r * Dv);
       std::copy_n(dvc.data(), r * Dv, dvb + c0 * Dv);
       through_features(fm, w, kb + c0 * k.stride(2), k.stride(2), r, true, dfk.data(),
-                       fk.data(), gx.data());
+                       fk.data(), gx.data(), tmp.data());
       std::copy_n(gx.data(), r * D, dkb + c0 * D);
       if (c > 0) {  // G for chunk c - 1: this chunk's share joins, at the earlier shift
         const float scale = std::exp(tp[c - 1] - tp[c]);
