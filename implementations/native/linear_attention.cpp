@@ -410,6 +410,27 @@ inline void transpose_into(const float* a, int64_t rows, int64_t cols, float* t)
     for (int64_t e = 0; e < cols; ++e) t[e * rows + f] = a[f * cols + e];
 }
 
+// The checks both backwards share: shapes that fit the tiles, FAVOR+'s W' rows, and out,
+// dout and the gradients contiguous float32 of the inputs' sizes.
+void check_backward(const char* name, const torch::Tensor& q, const torch::Tensor& k,
+                    const torch::Tensor& v, const FeatureMap& fm,
+                    const torch::Tensor& proj_rows, const torch::Tensor& out,
+                    const torch::Tensor& dout, const torch::Tensor& dq, const torch::Tensor& dk,
+                    const torch::Tensor& dv) {
+  TORCH_CHECK(fm.D % kPanel == 0 && v.size(3) % kPanel == 0 && fm.F % kPanel == 0, name,
+              ": D, Dv and the features must be multiples of 16");
+  TORCH_CHECK(!fm.favor() || (proj_rows.is_contiguous() && proj_rows.numel() == fm.F * fm.D &&
+                              proj_rows.scalar_type() == at::kFloat),
+              name, ": proj_rows must be FAVOR+'s W' (m, D), float32");
+  for (const torch::Tensor* t : {&out, &dout, &dq, &dk, &dv})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat, name,
+                ": out, dout and the gradients must be contiguous float32");
+  TORCH_CHECK(out.numel() == q.size(0) * q.size(1) * q.size(2) * v.size(3) &&
+                  dout.numel() == out.numel() && dq.numel() == q.numel() &&
+                  dk.numel() == k.numel() && dv.numel() == v.numel(),
+              name, ": out, dout or the gradients have the wrong size");
+}
+
 // The non-causal backward: dq, dk, dv (contiguous, shaped as q, k, v) for kv heads
 // [lo, hi) of B*Hkv and their query heads, from out and dout (B, Hq, Nq, Dv) contiguous and
 // the forward's state, zsum and shift (linear_state). With dnum = dO / den and
@@ -438,19 +459,13 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == Nk &&
                   k.size(3) == D && Hkv > 0 && Hq % Hkv == 0,
               "linear_backward: q, k, v shapes do not match");
-  TORCH_CHECK(D % kPanel == 0 && Dv % kPanel == 0 && F % kPanel == 0,
-              "linear_backward: D, Dv and the features must be multiples of 16");
-  TORCH_CHECK(!fm.favor() || (proj_rows.is_contiguous() && proj_rows.numel() == F * D &&
-                              proj_rows.scalar_type() == at::kFloat),
-              "linear_backward: proj_rows must be FAVOR+'s W' (m, D), float32");
-  for (const torch::Tensor* t : {&out, &dout, &dq, &dk, &dv, &state, &zsum, &shift})
+  check_backward("linear_backward", q, k, v, fm, proj_rows, out, dout, dq, dk, dv);
+  for (const torch::Tensor* t : {&state, &zsum, &shift})
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat,
-                "linear_backward: out, dout, grads and states must be contiguous float32");
-  TORCH_CHECK(out.numel() == B * Hq * Nq * Dv && dout.numel() == out.numel() &&
-                  dq.numel() == q.numel() && dk.numel() == k.numel() &&
-                  dv.numel() == v.numel() && state.numel() == B * Hkv * F * Dv &&
-                  zsum.numel() == B * Hkv * F && shift.numel() == B * Hkv,
-              "linear_backward: out, dout, grads or states have the wrong size");
+                "linear_backward: the states must be contiguous float32");
+  TORCH_CHECK(state.numel() == B * Hkv * F * Dv && zsum.numel() == B * Hkv * F &&
+                  shift.numel() == B * Hkv,
+              "linear_backward: state must be (B, Hkv, F, Dv), zsum (B, Hkv, F), shift (B, Hkv)");
   TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_backward: head range outside");
   const int64_t G = Hq / Hkv;
   const float* w = fm.favor() ? proj_rows.data_ptr<float>() : nullptr;  // (F, D)
@@ -571,19 +586,14 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && k.size(2) == N && v.size(2) == N &&
                   v.size(1) == Hkv && k.size(3) == D && Hkv > 0 && Hq % Hkv == 0,
               "linear_causal_backward: q, k, v shapes do not match (seq_q must equal seq_k)");
-  TORCH_CHECK(D % kPanel == 0 && Dv % kPanel == 0 && F % kPanel == 0,
-              "linear_causal_backward: D, Dv and the features must be multiples of 16");
-  TORCH_CHECK(!fm.favor() || (proj_rows.is_contiguous() && proj_rows.numel() == F * D &&
-                              proj_rows.scalar_type() == at::kFloat),
-              "linear_causal_backward: proj_rows must be FAVOR+'s W' (m, D), float32");
-  for (const torch::Tensor* t : {&out, &dout, &dq, &dk, &dv, &prefix, &zprefix, &tops})
+  check_backward("linear_causal_backward", q, k, v, fm, proj_rows, out, dout, dq, dk, dv);
+  for (const torch::Tensor* t : {&prefix, &zprefix, &tops})
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat,
-                "linear_causal_backward: out, dout, grads and states must be contiguous float32");
-  TORCH_CHECK(out.numel() == B * Hq * N * Dv && dout.numel() == out.numel() &&
-                  dq.numel() == q.numel() && dk.numel() == k.numel() &&
-                  dv.numel() == v.numel() && prefix.numel() == B * Hkv * nc * F * Dv &&
-                  zprefix.numel() == B * Hkv * nc * F && tops.numel() == B * Hkv * nc,
-              "linear_causal_backward: out, dout, grads or states have the wrong size");
+                "linear_causal_backward: the states must be contiguous float32");
+  TORCH_CHECK(prefix.numel() == B * Hkv * nc * F * Dv && zprefix.numel() == B * Hkv * nc * F &&
+                  tops.numel() == B * Hkv * nc,
+              "linear_causal_backward: prefix must be (B, Hkv, nc, F, Dv), zprefix (B, Hkv, nc, "
+              "F), tops (B, Hkv, nc)");
   TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_causal_backward: head range");
   const int64_t G = Hq / Hkv;
   const float* w = fm.favor() ? proj_rows.data_ptr<float>() : nullptr;  // (F, D)
