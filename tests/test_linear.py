@@ -466,3 +466,26 @@ def test_fused_forward_switched_off_says_why(monkeypatch):
     assert prepared.extras["kernel"] == ("elu,global-state (fused kernel unavailable: "
                                          "ATTNBENCH_NATIVE=0 (eager torch ops))")
     check_against_reference(case)
+
+
+@needs_native
+def test_kernels_refuse_malformed_arguments_with_a_message():
+    """The C++ entry points check what they are given (a wrong size is an error, not a read
+    past the end of a tensor)."""
+    module, _ = _native.load("linear_attention")
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+    out, dout = torch.randn(1, 2, 64, 16), torch.randn(1, 2, 64, 16)
+    state, zsum, shift = torch.zeros(1, 2, 16, 16), torch.zeros(1, 2, 16), torch.zeros(1, 2)
+    none = torch.empty(0)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    with pytest.raises(RuntimeError, match="wrong size"):
+        module.linear_backward(q, k, v, none, none, 0.0, out, dout, state, zsum, shift,
+                               grads[0][:, :1], grads[1], grads[2], 0, 2)
+    with pytest.raises(RuntimeError, match="state must be"):
+        module.linear_backward(q, k, v, none, none, 0.0, out, dout, state[:, :1], zsum, shift,
+                               *grads, 0, 2)
+    with pytest.raises(RuntimeError, match="prefix must be"):
+        module.linear_causal(q, k, v, none, 0.0, out, torch.zeros(3), torch.zeros(3),
+                             torch.zeros(3), 0, 2)
+    with pytest.raises(RuntimeError, match="proj must be"):
+        module.linear_state(k, v, torch.zeros(2, 8, 16), 0.0, state, zsum, shift, 0, 2)
