@@ -500,9 +500,11 @@ class Linear(Backend):
         label = f"{feats},fused-{how}"
         if case.needs_grad:
             label += ",fused-backward"
+        # under autograd too the kernels would run where the backward fits them: say why not
+        grad_only = case.needs_grad and not _linear_fused.grad_fits(case)
         prepared.extras["kernel"] = (
             _native.kernel_name(_linear_fused.KERNEL, fused, f"{feats},{how}", inputs.q.device,
-                                inputs.q.dtype, case.needs_grad, label)
+                                inputs.q.dtype, grad_only, label)
             if _linear_fused.shape_fits(case) else f"{feats},{how}")
         return prepared
 

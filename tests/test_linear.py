@@ -458,10 +458,11 @@ def test_fused_forward_runs_only_where_it_applies(kw, kernel):
     check_against_reference(case)
 
 
-def test_fused_forward_switched_off_says_why(monkeypatch):
+@pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
+def test_fused_forward_switched_off_says_why(monkeypatch, mode):
     monkeypatch.setenv(_native.DISABLE_ENV, "0")
     monkeypatch.setattr(_native, "_loaded", {})
-    case = FUSED["d64"]
+    case = FUSED["d64"].replace(mode=mode)
     prepared = BACKEND.prepare(case, case.make_inputs())
     assert prepared.extras["kernel"] == ("elu,global-state (fused kernel unavailable: "
                                          "ATTNBENCH_NATIVE=0 (eager torch ops))")
