@@ -1,5 +1,6 @@
-// Fused CPU forwards of linear attention (fp32), with phi either elu(x) + 1 or FAVOR+'s
-// positive random features exp(W' x - h |x|^2 - shift) (Choromanski et al. 2021), non-causal:
+// Fused CPU forwards and backwards of linear attention (fp32), with phi either elu(x) + 1 or
+// FAVOR+'s positive random features exp(W' x - h |x|^2 - shift) (Choromanski et al. 2021),
+// non-causal:
 //
 //   out = phi(Q) S / (phi(Q) . z),   S = phi(K)^T V (F x Dv),   z = sum_j phi(K_j) (F,)
 //
@@ -16,6 +17,8 @@
 //   phi(Q) S and each row divided by phi(Q_i) . z.
 // * linear_causal: per (batch, query head), chunks of 64 rows in order, each seeing the
 //   state of the keys before it and, inside the chunk, a masked 64 x 64 product.
+// * linear_backward, linear_causal_backward: per (batch, kv head), dq, dk and dv from the
+//   states the forward kept (see each function).
 //
 // FAVOR+'s shifts (the same as the eager form's, linear.feature_fn): a query row is shifted
 // by its own maximum, which cancels between numerator and denominator; keys share one
@@ -25,7 +28,7 @@
 //
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
 // hands the ranges to the CPU threads. Dv and FAVOR+'s m must be multiples of 16 (the
-// tiles' width).
+// tiles' width), and for the backwards D too.
 #include <torch/extension.h>
 
 #include "avx2_tiles.h"
