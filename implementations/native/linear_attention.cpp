@@ -336,12 +336,8 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
         scale_in_place(z.data(), F, rescale);
       }
       std::fill(zc.begin(), zc.end(), 0.f);
-      std::fill(panels.begin(), panels.begin() + rp * F, 0.f);
-      for (int64_t i = 0; i < r; ++i) {
-        add_into(zc.data(), &phik[i * F], F);
-        float* panel = &panels[(i / kPanel) * F * kPanel + i % kPanel];
-        for (int64_t d = 0; d < F; ++d) panel[d * kPanel] = phik[i * F + d];
-      }
+      for (int64_t i = 0; i < r; ++i) add_into(zc.data(), &phik[i * F], F);
+      pack_keys(phik.data(), F, F, r, 0, rp, panels.data());  // rows r..rp-1 zero
       // the keys before the chunk: phi(Q_c) S and phi(Q_c) . z
       features_product(r, phiq.data(), F, st.data(), Dv, F, Dv, ot.data(), Dv, tmp.data());
       for (int64_t i = 0; i < r; ++i) den[i] = dot(&phiq[i * F], z.data(), F);
@@ -625,11 +621,7 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
     for (int64_t c = nc - 1; c >= 0; --c) {
       const int64_t c0 = c * kChunk, r = std::min(kChunk, N - c0), rp = ceil_to(r, kPanel);
       keys_at(fm, kb + c0 * k.stride(2), k.stride(2), r, fk.data(), tp[c]);
-      std::fill(fkp.begin(), fkp.begin() + rp * F, 0.f);  // phi(K_c) as (F, 16) panels
-      for (int64_t j = 0; j < r; ++j) {
-        float* panel = &fkp[(j / kPanel) * F * kPanel + j % kPanel];
-        for (int64_t f = 0; f < F; ++f) panel[f * kPanel] = fk[j * F + f];
-      }
+      pack_keys(fk.data(), F, F, r, 0, rp, fkp.data());  // phi(K_c) as (F, 16) panels
       pack_keys(vb, v.stride(2), Dv, N, c0, c0 + rp, vp.data());  // V_c as (Dv, 16) panels
       if (c > 0) {  // the state before the chunk, at its shift
         const float scale = std::exp(tp[c - 1] - tp[c]);
