@@ -10,9 +10,15 @@ is what sdpa's own CPU flash kernel is, and what our blocked backends are compar
 ninja, a CPU without AVX2, a failed build (e.g. a torch without MKL's exported ``sgemm_``,
 which segment_attention calls for head dims that are not a multiple of 16), or
 ``ATTNBENCH_NATIVE=0`` (the eager path, for comparison). A backend then runs its eager
-path and says which one ran in its record's ``kernel``. The build lands in torch's
-extension cache (``TORCH_EXTENSIONS_DIR``, default ~/.cache/torch_extensions) and is
-rebuilt only when a source changes.
+path and says which one ran in its record's ``kernel``.
+
+The kernels are built for the host's instruction set (``isa()``): AVX-512 where torch
+dispatches its own kernels at AVX512, else AVX2; ``ATTNBENCH_NATIVE_ISA=avx2`` builds and
+runs the AVX2 kernels on an AVX-512 host, to compare the two. The tiles are the same code
+at either width (``simd_tiles.h``); a record's ``kernel`` ends with the one that ran.
+
+The build lands in torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
+~/.cache/torch_extensions) and is rebuilt only when a source changes.
 """
 
 from __future__ import annotations
@@ -27,10 +33,18 @@ import torch
 
 SOURCES = Path(__file__).with_name("native")
 DISABLE_ENV = "ATTNBENCH_NATIVE"
-# The kernels use ATen's 8-lane float vectors and FMA: an AVX2 build, run on AVX2 and
-# AVX-512 hosts alike.
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-CAPABLE = ("AVX2", "AVX512")
+ISA_ENV = "ATTNBENCH_NATIVE_ISA"
+# Build flags per instruction set, narrowest first. ATen's Vectorized takes its width from
+# the CPU_CAPABILITY macro, as in torch's own per-ISA kernel builds. On AVX2 hosts of
+# 2026-12 the AVX2 tiles kept pace with MKL's sgemm; on an AVX-512 host MKL ran at 295 GF/s
+# on 2 cores against the AVX2 linear forward's 68.
+CFLAGS = {
+    "avx2": ["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "avx512": ["-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+}
+# torch's CPU capability (which ATEN_CPU_CAPABILITY can lower) -> the widest build it runs
+HOST_ISA = {"AVX2": "avx2", "AVX512": "avx512"}
 
 _loaded: dict[str, tuple[object | None, str]] = {}
 _lock = threading.Lock()
@@ -40,12 +54,35 @@ def disabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off")
 
 
+def host_isa() -> str | None:
+    """The widest build this host runs, from torch's CPU capability; None below AVX2."""
+    return HOST_ISA.get(torch.backends.cpu.get_cpu_capability())
+
+
+def isa() -> str | None:
+    """The build the kernels run as: ``ATTNBENCH_NATIVE_ISA`` where set, else the host's."""
+    wanted = os.environ.get(ISA_ENV, "").strip().lower()
+    return wanted or host_isa()
+
+
+def _isa_problem() -> str:
+    wanted, host = isa(), host_isa()
+    if host is None:
+        return (f"CPU capability {torch.backends.cpu.get_cpu_capability()}: the native "
+                f"kernels need AVX2")
+    if wanted not in CFLAGS:
+        return f"{ISA_ENV}={wanted!r}: expected one of {', '.join(CFLAGS)}"
+    if list(CFLAGS).index(wanted) > list(CFLAGS).index(host):
+        return f"{ISA_ENV}={wanted} but this host (CPU capability {host.upper()}) cannot run it"
+    return ""
+
+
 def _why_not() -> str:
     if disabled():
         return f"{DISABLE_ENV}=0 (eager torch ops)"
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap not in CAPABLE:
-        return f"CPU capability {cap}: the native kernels need AVX2"
+    problem = _isa_problem()
+    if problem:
+        return problem
     if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
         return "no C++ compiler on PATH (install g++ to build the native kernels)"
     if not _ninja_on_path():
@@ -73,23 +110,27 @@ def sources(name: str) -> tuple[Path, ...]:
 
 def load(name: str):
     """(module, "") for ``native/<name>.cpp``, or (None, reason) when it cannot be used."""
+    key = f"{name}/{isa()}"
     with _lock:
-        if name not in _loaded:
-            _loaded[name] = _build(name)
-        return _loaded[name]
+        if key not in _loaded:
+            _loaded[key] = _build(name)
+        return _loaded[key]
 
 
 def _build(name: str):
     reason = _why_not()
     if reason:
         return None, reason
+    target = isa()
     from torch.utils.cpp_extension import load as build
 
     # torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag
     headers = hashlib.sha256(b"".join(h.read_bytes() for h in sorted(SOURCES.glob("*.h"))))
     try:
-        module = build(name=f"attnbench_{name}", sources=[str(SOURCES / f"{name}.cpp")],
-                       extra_cflags=[*CFLAGS, f"-DATTNBENCH_HEADERS={headers.hexdigest()[:16]}"],
+        module = build(name=f"attnbench_{name}_{target}",
+                       sources=[str(SOURCES / f"{name}.cpp")],
+                       extra_cflags=[*CFLAGS[target],
+                                     f"-DATTNBENCH_HEADERS={headers.hexdigest()[:16]}"],
                        extra_include_paths=[str(SOURCES)], verbose=False)
     except Exception as exc:  # a failed build is a reason to run eager, not a crash
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -115,7 +156,7 @@ def kernel_name(name: str, fused: bool, eager: str, device, dtype, needs_grad: b
     """A record's ``kernel``: ``label`` where kernel ``name`` ran, else the eager path's
     name, with the reason the kernel did not run where it would have."""
     if fused:
-        return label
+        return f"{label},{isa()}"
     if torch.device(device).type == "cpu" and dtype == torch.float32 and not needs_grad:
         reason = load(name)[1]
         if reason:

@@ -353,7 +353,8 @@ FUSED = {
 def fused_kernel_name(case) -> str:
     how = "chunked-prefix(C=64)" if case.mask == "causal" else "global-state"
     feats = f"favor(m={case.num_features})" if case.feature_map == "favor" else "elu"
-    return f"{feats},fused-{how}"
+    backward = ",fused-backward" if case.needs_grad else ""
+    return f"{feats},fused-{how}{backward},{_native.isa()}"  # and the build that ran
 
 
 @needs_native
@@ -387,7 +388,7 @@ def test_fused_favor_rescales_when_later_keys_raise_the_shift(mask, mode):
     growth = torch.linspace(6.0, 0.5, case.seq_k).view(1, 1, -1, 1)  # (1, 1, N, 1)
     inputs = Inputs(inputs.q, inputs.k * growth, inputs.v, inputs.grad_out)
     prepared = BACKEND.prepare(case, inputs)
-    assert prepared.extras["kernel"].startswith(fused_kernel_name(case))
+    assert prepared.extras["kernel"] == fused_kernel_name(case)
     got = prepared.outputs(prepared.fn())
     q, k, v = (t.detach().double().requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
     want = brute_force(case, q, k, v)  # (B, Hq, N, Dv), float64 with autograd
@@ -428,7 +429,7 @@ def test_fused_forward_and_backward_match_own_reference(name):
     case = FUSED_GRAD[name]
     inputs = case.make_inputs()
     prepared = BACKEND.prepare(case, inputs)
-    assert prepared.extras["kernel"].startswith(fused_kernel_name(case) + ",")
+    assert prepared.extras["kernel"] == fused_kernel_name(case)
     got = prepared.outputs(prepared.fn())
     ref = BACKEND.impl_reference(case, inputs).as_dict()  # autograd on the float64 formula
     assert set(got) >= set(ref) and len(ref) >= 3
@@ -454,7 +455,9 @@ def test_fused_forward_runs_only_where_it_applies(kw, kernel):
     case = small(**{"mode": "fwd", "head_dim": 16, "head_dim_v": 16, **kw})
     inputs = case.make_inputs()
     prepared = BACKEND.prepare(case, inputs)
-    assert prepared.extras["kernel"] == kernel
+    # where the kernels ran, the record names the build (instruction set) that ran them
+    assert prepared.extras["kernel"] == (f"{kernel},{_native.isa()}" if "fused-" in kernel
+                                         else kernel)
     check_against_reference(case)
 
 

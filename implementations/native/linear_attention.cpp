@@ -9,7 +9,7 @@
 // cost about a third of the forward beside matmuls whose operands came from memory
 // (results/2026-12-01-family-profile-cpu). Here phi is computed for 64 rows at a time into a
 // buffer that stays in L1/L2 and consumed there by the register-blocked tiles of
-// avx2_tiles.h:
+// simd_tiles.h:
 //
 // * linear_state: per (batch, kv head), S and z over the keys, 64 key rows at a time (the
 //   tile reads phi(K) of the rows transposed, so S += phi(K)^T V needs no copy).
@@ -31,7 +31,7 @@
 // tiles' width), and for the backwards D too.
 #include <torch/extension.h>
 
-#include "avx2_tiles.h"
+#include "simd_tiles.h"
 
 #include <algorithm>
 #include <cfloat>

@@ -24,7 +24,7 @@
 // score buffer in cache from task to task.
 #include <torch/extension.h>
 
-#include "avx2_tiles.h"
+#include "simd_tiles.h"
 
 #include <algorithm>
 #include <cmath>
