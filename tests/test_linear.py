@@ -14,7 +14,7 @@ from attnbench.core.backend import APPROXIMATE
 from attnbench.core.case import Case, Inputs
 from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
 from attnbench.core.reference import case_reference
-from attnbench.implementations import _native
+from attnbench.implementations import _linear_fused, _native
 from attnbench.implementations import linear as L
 
 BACKEND = L.Linear()
@@ -355,6 +355,23 @@ def fused_kernel_name(case) -> str:
     feats = f"favor(m={case.num_features})" if case.feature_map == "favor" else "elu"
     backward = ",fused-backward" if case.needs_grad else ""
     return f"{feats},fused-{how}{backward},{_native.isa()}"  # and the build that ran
+
+
+@needs_native
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_outputs_past_the_stream_threshold_match_the_formula(mask):
+    """An output larger than the kernel's ``stream_bytes`` is written with non-temporal
+    stores (simd_tiles.h's scaled_store): the same values reach it."""
+    case = small(mode="fwd", batch=1, heads_q=8, heads_kv=8, seq_q=2112, seq_k=2112,
+                 head_dim=64, head_dim_v=64, mask=mask)
+    module = _native.load(_linear_fused.KERNEL)[0]
+    assert case.heads_q * case.seq_q * case.head_dim_v * 4 > module.stream_bytes
+    inputs = case.make_inputs()
+    prepared = BACKEND.prepare(case, inputs)
+    assert prepared.extras["kernel"] == fused_kernel_name(case)
+    got = prepared.outputs(prepared.fn())["out"]
+    want = brute_force(case, inputs.q, inputs.k, inputs.v)  # (B, Hq, N, Dv) float64
+    assert rel(got, want) < 1e-6, rel(got, want)
 
 
 @needs_native

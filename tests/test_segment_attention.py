@@ -110,6 +110,28 @@ def test_fused_forward_matches_float64(name, kw):
 
 
 @needs_kernel
+@pytest.mark.parametrize("name,mask", [("sliding_window", "window(63,0)"),
+                                       ("block_sparse", "block_sparse(bigbird)")])
+def test_outputs_past_the_stream_threshold_match_float64(name, mask):
+    """An output larger than the kernel's ``stream_bytes`` is written with non-temporal
+    stores (simd_tiles.h's scaled_store): the same values reach it."""
+    backend = BACKENDS[name]
+    case = Case(heads_q=8, heads_kv=8, seq_q=2112, seq_k=2112, head_dim=64, head_dim_v=64,
+                mask=mask, block_size=64)
+    assert case.heads_q * case.seq_q * case.head_dim_v * 4 > segments_module().stream_bytes
+    inputs = case.make_inputs()
+    prepared = backend.prepare(case, inputs)
+    assert prepared.extras["kernel"].startswith("fused-segments"), prepared.extras["kernel"]
+    got = prepared.outputs(prepared.fn())["out"]
+    ref = (backend.impl_reference(case, inputs) or case_reference(case, inputs)).as_dict()
+    assert rel(got, ref["out"]) < 1e-6, rel(got, ref["out"])
+
+
+def segments_module():
+    return _native.load(segments.KERNEL)[0]
+
+
+@needs_kernel
 def test_fused_forward_reads_strided_inputs():
     backend = BACKENDS["sliding_window"]
     case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=70, seq_k=70, head_dim=16,

@@ -260,6 +260,9 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
   // tiles storing straight into `out` (fresh lines each block) ran at half their speed.
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv));  // (kChunk, Dv)
   std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
+  // at N = 8192 (H = 8, D = 64) this pass ran 1.19x [1.12, 1.24] faster with streamed
+  // stores (interleaved A/B, 25 rounds)
+  const bool stream = out.numel() * 4 > kStreamBytes;
   for (int64_t task = lo; task < hi; ++task) {
     const int64_t b = task % nb, bh = task / nb, h = bh % Hq, n = bh / Hq;
     const int64_t head = n * Hkv + h / G, i0 = b * kChunk, m = std::min(kChunk, Nq - i0);
@@ -272,8 +275,10 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
     // phi > 0, so phi(Q_i) . z == 0 only if it underflowed (FAVOR+): then the numerator
     // is 0 too, as in the eager form (which divides by the smallest normal float)
     for (int64_t i = 0; i < m; ++i)
-      scaled_copy(&ot[i * Dv], ob + i * Dv, Dv, 1.f / std::max(dot(&phiq[i * F], z, F), FLT_MIN));
+      scaled_store(&ot[i * Dv], ob + i * Dv, Dv, 1.f / std::max(dot(&phiq[i * F], z, F), FLT_MIN),
+                   stream);
   }
+  if (stream) _mm_sfence();
 }
 
 // Causal, seq_q == seq_k: out (B, Hq, N, Dv) contiguous, for query heads [lo, hi) of B*Hq.
@@ -318,6 +323,7 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv)), den(static_cast<size_t>(kChunk));
   std::vector<float> inner(static_cast<size_t>(kChunk * Dv));  // the chunk's own keys' part
   std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
+  const bool stream = out.numel() * 4 > kStreamBytes;
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hq, h = head % Hq, hk = h / G;
     const float* qh = q.data_ptr<float>() + n * q.stride(0) + h * q.stride(1);
@@ -359,7 +365,8 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
       // den > 0 (every row sees its own key) unless FAVOR+'s features underflowed: then the
       // numerator is 0 too, as in the eager form
       for (int64_t i = 0; i < r; ++i)
-        scaled_copy(&ot[i * Dv], oh + (c0 + i) * Dv, Dv, 1.f / std::max(den[i], FLT_MIN));
+        scaled_store(&ot[i * Dv], oh + (c0 + i) * Dv, Dv, 1.f / std::max(den[i], FLT_MIN),
+                     stream);
       // the chunk joins the state
       for (int64_t e = 0; e < Dv; e += kPanel)
         for_row_bands<PVTBand>(F, phik.data(), F, vh + c0 * v.stride(2) + e, v.stride(2), r,
@@ -374,6 +381,7 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
       }
     }
   }
+  if (stream) _mm_sfence();
 }
 
 // dL/dx of r rows x (row stride xs) into gx (r, D), from dL/dphi (r, F; consumed) and phi:
@@ -715,6 +723,7 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("stream_bytes") = kStreamBytes;  // outputs above it are streamed
   m.def("linear_state", &linear_state,
         "S = phi(K)^T V and z = sum phi(K) for kv heads [lo, hi)",
         py::call_guard<py::gil_scoped_release>());

@@ -152,6 +152,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
     pk0 = lo;
   };
 
+  const bool stream = out.numel() * 4 > kStreamBytes;  // the output's rows: see scaled_store
   auto run_block = [&](int64_t task, float* s, float* inv, float* ot, float* run) {
     const int64_t b = task % nb, bh = task / nb;
     const int64_t h = bh % Hq, n = bh / Hq, hk = h / G;
@@ -237,7 +238,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
       }
       first = false;
     }
-    for (int64_t i = 0; i < m; ++i) scaled_copy(ot + i * Dv, ob + i * Dv, Dv, inv[i]);
+    for (int64_t i = 0; i < m; ++i) scaled_store(ot + i * Dv, ob + i * Dv, Dv, inv[i], stream);
   };
 
   std::vector<float> scores(static_cast<size_t>(block * std::max<int64_t>(wmax, 1)));
@@ -246,9 +247,11 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<float> run(static_cast<size_t>(block * Dv));  // one run of keys' P V
   for (int64_t task = task_lo; task < task_hi; ++task)
     run_block(task, scores.data(), inv.data(), ot.data(), run.data());
+  if (stream) _mm_sfence();
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("stream_bytes") = kStreamBytes;  // outputs above it are streamed
   m.def("segment_attention_forward", &segment_attention_forward,
         "softmax attention over contiguous key segments, fp32 CPU forward, tasks "
         "[task_lo, task_hi) of (batch, head, query block) into out",
