@@ -35,9 +35,8 @@ SOURCES = Path(__file__).with_name("native")
 DISABLE_ENV = "ATTNBENCH_NATIVE"
 ISA_ENV = "ATTNBENCH_NATIVE_ISA"
 # Build flags per instruction set, narrowest first. ATen's Vectorized takes its width from
-# the CPU_CAPABILITY macro, as in torch's own per-ISA kernel builds. On AVX2 hosts of
-# 2026-12 the AVX2 tiles kept pace with MKL's sgemm; on an AVX-512 host MKL ran at 295 GF/s
-# on 2 cores against the AVX2 linear forward's 68.
+# the CPU_CAPABILITY macro, as in torch's own per-ISA kernel builds. On an AVX-512 host the
+# AVX2 build alone read frac_matmul 0.22-0.31 (results/2026-12-02-goals-avx512host-base).
 CFLAGS = {
     "avx2": ["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
     "avx512": ["-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",

@@ -152,7 +152,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
     pk0 = lo;
   };
 
-  const bool stream = out.numel() * 4 > kStreamBytes;  // the output's rows: see scaled_store
+  const bool stream = streams(out.numel());  // the output's rows: see scaled_store
   auto run_block = [&](int64_t task, float* s, float* inv, float* ot, float* run) {
     const int64_t b = task % nb, bh = task / nb;
     const int64_t h = bh % Hq, n = bh / Hq, hk = h / G;

@@ -23,8 +23,6 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
-
-
 inline float max_of(const float* x, int64_t n, float acc) {
   int64_t j = 0;
   if (n >= Vec::size()) {
@@ -89,11 +87,16 @@ inline void scaled_copy(const float* x, float* y, int64_t n, float s) {  // y = 
   for (; j < n; ++j) y[j] = x[j] * s;
 }
 
-// Outputs larger than this are written with non-temporal stores (scaled_stream): they do
+// Outputs larger than this are written with non-temporal stores (scaled_store): they do
 // not fit in a core's L2 (512 KiB on the AMD EPYC hosts, 2 MiB on the Xeon), so the lines
 // a normal store first reads for ownership are traffic for nothing. Smaller outputs stay in
 // cache for the op that reads them next.
 constexpr int64_t kStreamBytes = 4 << 20;
+
+// Whether an output of `floats` elements is streamed (the one rule every kernel reads).
+inline bool streams(int64_t floats) {
+  return floats * static_cast<int64_t>(sizeof(float)) > kStreamBytes;
+}
 
 // y = s * x, with non-temporal stores where `stream` is set, y is aligned to the vector and
 // n is a multiple of its width (else ordinary stores). A kernel that streamed ends with
@@ -126,7 +129,8 @@ inline void scaled_store(const float* x, float* y, int64_t n, float s, bool stre
 // of the right operand feeding 8 FMAs (the broadcasts fold into the FMAs). With R = 12 the
 // 12 row pointers no longer fit in the general registers and the loop reloaded them from
 // the stack: sliding_window's forward (N = 8192, 2 threads, medians of 12 calls in two
-// processes) took 57 ms, against 48 ms with R = 8. Each output element is the same FMA chain over the reduction in both builds.
+// processes) took 57 ms, against 48 ms with R = 8. Each output element is the same FMA
+// chain over the reduction in both builds.
 constexpr int64_t kPanel = 16;
 
 #if defined(CPU_CAPABILITY_AVX512)
