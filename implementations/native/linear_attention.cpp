@@ -90,8 +90,7 @@ inline void features_product(int64_t m, const float* p, int64_t ldp, const float
     const int64_t kn = std::min(kSlice, K - k0);
     float* dst = k0 == 0 ? o : tmp;
     const int64_t ld = k0 == 0 ? ldo : cols;
-    for (int64_t e = 0; e < cols; e += kPanel)
-      for_row_bands<PVBand>(m, p + k0, ldp, v + k0 * vs + e, vs, kn, dst + e, ld, false);
+    pv_product(m, cols, p + k0, ldp, v + k0 * vs, vs, kn, dst, ld, false);
     if (k0 > 0)
       for (int64_t i = 0; i < m; ++i) add_into(o + i * ldo, tmp + i * cols, cols);
   }
@@ -112,8 +111,7 @@ struct FeatureMap {
       for (int64_t i = 0; i < r; ++i) elu1_row(x + i * xs, dst + i * F, D);
       return;
     }
-    for (int64_t p = 0; p < F; p += kPanel)
-      for_row_bands<QKBand>(r, x, xs, panels + p * D, D, 1.f, dst + p, F);
+    qk_product(r, F, x, xs, panels, D, 1.f, dst, F);
     if (keys)
       for (int64_t i = 0; i < r; ++i)
         add_scalar(dst + i * F, F, -half_scale * dot(x + i * xs, x + i * xs, D));
@@ -223,9 +221,7 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       // column slabs by the tiles
       for (int64_t j = 0; j < r; ++j)
         std::copy_n(vh + (j0 + j) * v.stride(2), Dv, &vc[j * Dv]);
-      for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVTBand>(F, phik.data(), F, vc.data() + e, Dv, r, sc.data() + e, Dv,
-                               false);
+      pvt_product(F, Dv, phik.data(), F, vc.data(), Dv, r, sc.data(), Dv, false);
       add_into(zg.data(), zc.data(), F);
       add_into(sg.data(), sc.data(), F * Dv);
       if ((j0 / kChunk + 1) % kGroup == 0 || j0 + r == Nk) {  // the group joins S and z
@@ -348,8 +344,7 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
       features_product(r, phiq.data(), F, st.data(), Dv, F, Dv, ot.data(), Dv, tmp.data());
       for (int64_t i = 0; i < r; ++i) den[i] = dot(&phiq[i * F], z.data(), F);
       // inside the chunk: row i sees keys 0..i
-      for (int64_t p = 0; p < rp; p += kPanel)
-        for_row_bands<QKBand>(r, phiq.data(), F, &panels[p * F], F, 1.f, a.data() + p, kChunk);
+      qk_product(r, rp, phiq.data(), F, panels.data(), F, 1.f, a.data(), kChunk);
       for (int64_t i = 0; i < r; ++i) {
         float* row = &a[i * kChunk];
         std::fill(row + i + 1, row + rp, 0.f);
@@ -358,9 +353,8 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
         den[i] += sum;
       }
       // summed apart from phi(Q_c) S and then added (two shorter fp32 chains than one)
-      for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVBand>(r, a.data(), kChunk, vh + c0 * v.stride(2) + e, v.stride(2), r,
-                              inner.data() + e, Dv, false);
+      pv_product(r, Dv, a.data(), kChunk, vh + c0 * v.stride(2), v.stride(2), r, inner.data(), Dv,
+                 false);
       add_into(ot.data(), inner.data(), r * Dv);
       // den > 0 (every row sees its own key) unless FAVOR+'s features underflowed: then the
       // numerator is 0 too, as in the eager form
@@ -368,9 +362,8 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
         scaled_store(&ot[i * Dv], oh + (c0 + i) * Dv, Dv, 1.f / std::max(den[i], FLT_MIN),
                      stream);
       // the chunk joins the state
-      for (int64_t e = 0; e < Dv; e += kPanel)
-        for_row_bands<PVTBand>(F, phik.data(), F, vh + c0 * v.stride(2) + e, v.stride(2), r,
-                               sc.data() + e, Dv, false);
+      pvt_product(F, Dv, phik.data(), F, vh + c0 * v.stride(2), v.stride(2), r, sc.data(), Dv,
+                  false);
       add_into(st.data(), sc.data(), F * Dv);
       add_into(z.data(), zc.data(), F);
       if (keep && h % G == 0) {
@@ -511,14 +504,12 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
           scaled_copy(gb + (i0 + i) * Dv, &dnum[i * Dv], Dv, 1.f / den);
           dden[i] = -dot(&dnum[i * Dv], ob + (i0 + i) * Dv, Dv);
         }
-        for (int64_t e = 0; e < Dv; e += kPanel)  // phi(Q)^T dnum: three-level sums
-          for_row_bands<PVTBand>(F, phi.data(), F, dnum.data() + e, Dv, r, sc.data() + e, Dv,
-                                 false);
+        // phi(Q)^T dnum: three-level sums
+        pvt_product(F, Dv, phi.data(), F, dnum.data(), Dv, r, sc.data(), Dv, false);
         add_into(sg.data(), sc.data(), F * Dv);
         std::fill(zc.begin(), zc.end(), 0.f);
-        for (int64_t f = 0; f < F; f += kPanel)  // dnum S^T
-          for_row_bands<PVBand>(r, dnum.data(), Dv, st.data() + f, F, Dv, dphi.data() + f, F,
-                                false);
+        // dnum S^T
+        pv_product(r, F, dnum.data(), Dv, st.data(), F, Dv, dphi.data(), F, false);
         for (int64_t i = 0; i < r; ++i) {
           const Vec c(dden[i]);
           for (int64_t f = 0; f < F; f += Vec::size()) {  // + dden z^T; the chunk's dden phi
@@ -549,9 +540,8 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
       keys_at(fm, kb + j0 * k.stride(2), k.stride(2), r, phi.data(), top);
       features_product(r, phi.data(), F, ds.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());
       std::copy_n(gx.data(), r * Dv, dvb + j0 * Dv);
-      for (int64_t f = 0; f < F; f += kPanel)
-        for_row_bands<PVBand>(r, vb + j0 * v.stride(2), v.stride(2), dst.data() + f, F, Dv,
-                              dphi.data() + f, F, false);
+      pv_product(r, F, vb + j0 * v.stride(2), v.stride(2), dst.data(), F, Dv, dphi.data(), F,
+                 false);
       for (int64_t i = 0; i < r; ++i) add_into(&dphi[i * F], dz.data(), F);
       through_features(fm, w, kb + j0 * k.stride(2), k.stride(2), r, true, dphi.data(),
                        phi.data(), gx.data(), tmp.data());
@@ -651,8 +641,8 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
         const float* ob = out.data_ptr<float>() + (qh * N + c0) * Dv;  // (r, Dv)
         const float* gb = dout.data_ptr<float>() + (qh * N + c0) * Dv;
         fm.queries(qb + c0 * q.stride(2), q.stride(2), r, fq.data());
-        for (int64_t p = 0; p < rp; p += kPanel)  // A = tril(phi(Q_c) phi(K_c)^T)
-          for_row_bands<QKBand>(r, fq.data(), F, &fkp[p * F], F, 1.f, a.data() + p, kChunk);
+        // A = tril(phi(Q_c) phi(K_c)^T)
+        qk_product(r, rp, fq.data(), F, fkp.data(), F, 1.f, a.data(), kChunk);
         for (int64_t i = 0; i < r; ++i) {
           float* row = &a[i * kChunk];
           std::fill(row + i + 1, row + rp, 0.f);
@@ -662,19 +652,16 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
           scaled_copy(gb + i * Dv, &dnum[i * Dv], Dv, 1.f / den[i]);
           dden[i] = -dot(&dnum[i * Dv], ob + i * Dv, Dv);
         }
-        for (int64_t p = 0; p < rp; p += kPanel)  // dnum V_c^T
-          for_row_bands<QKBand>(r, dnum.data(), Dv, &vp[p * Dv], Dv, 1.f, da.data() + p, kChunk);
+        // dnum V_c^T
+        qk_product(r, rp, dnum.data(), Dv, vp.data(), Dv, 1.f, da.data(), kChunk);
         for (int64_t i = 0; i < r; ++i) {  // + dden 1^T, then tril
           float* row = &da[i * kChunk];
           add_scalar(row, i + 1, dden[i]);
           std::fill(row + i + 1, row + rp, 0.f);
         }
-        for (int64_t f = 0; f < F; f += kPanel) {  // dphi(Q_c) = dA phi(K_c) + dnum S_<c^T
-          for_row_bands<PVBand>(r, da.data(), kChunk, fk.data() + f, F, r, dfq.data() + f, F,
-                                false);
-          for_row_bands<PVBand>(r, dnum.data(), Dv, spt.data() + f, F, Dv, ts.data() + f, F,
-                                false);
-        }
+        // dphi(Q_c) = dA phi(K_c) + dnum S_<c^T
+        pv_product(r, F, da.data(), kChunk, fk.data(), F, r, dfq.data(), F, false);
+        pv_product(r, F, dnum.data(), Dv, spt.data(), F, Dv, ts.data(), F, false);
         add_into(dfq.data(), ts.data(), r * F);  // two chains summed apart, then added
         for (int64_t i = 0; i < r; ++i) {  // + dden z_<c^T; gz's share: phi(Q)^T dden
           const Vec cd(dden[i]);
@@ -683,24 +670,18 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
             at::vec::fmadd(cd, Vec::loadu(&fq[i * F + f]), Vec::loadu(&tgz[f])).store(&tgz[f]);
           }
         }
-        for (int64_t f = 0; f < F; f += kPanel)  // dphi(K_c) += dA^T phi(Q_c)
-          for_row_bands<PVTBand>(r, da.data(), kChunk, fq.data() + f, F, r, dfk.data() + f, F,
-                                 true);
-        for (int64_t e = 0; e < Dv; e += kPanel) {  // dV_c += A^T dnum; G's share
-          for_row_bands<PVTBand>(r, a.data(), kChunk, dnum.data() + e, Dv, r, dvc.data() + e,
-                                 Dv, true);
-          for_row_bands<PVTBand>(F, fq.data(), F, dnum.data() + e, Dv, r, tg.data() + e, Dv,
-                                 true);
-        }
+        // dphi(K_c) += dA^T phi(Q_c)
+        pvt_product(r, F, da.data(), kChunk, fq.data(), F, r, dfk.data(), F, true);
+        // dV_c += A^T dnum; G's share
+        pvt_product(r, Dv, a.data(), kChunk, dnum.data(), Dv, r, dvc.data(), Dv, true);
+        pvt_product(F, Dv, fq.data(), F, dnum.data(), Dv, r, tg.data(), Dv, true);
         through_features(fm, w, qb + c0 * q.stride(2), q.stride(2), r, false, dfq.data(),
                          fq.data(), gx.data(), tmp.data());
         std::copy_n(gx.data(), r * D, dq.data_ptr<float>() + (qh * N + c0) * D);
       }
       // what the later chunks send back: dphi(K_c) += V_c G^T + gz, dV_c += phi(K_c) G
       // (each summed apart from the chunk's own terms, then added)
-      for (int64_t f = 0; f < F; f += kPanel)
-        for_row_bands<PVBand>(r, vb + c0 * v.stride(2), v.stride(2), gt.data() + f, F, Dv,
-                              ts.data() + f, F, false);
+      pv_product(r, F, vb + c0 * v.stride(2), v.stride(2), gt.data(), F, Dv, ts.data(), F, false);
       for (int64_t j = 0; j < r; ++j) add_into(&ts[j * F], gz.data(), F);
       add_into(dfk.data(), ts.data(), r * F);
       features_product(r, fk.data(), F, g.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());

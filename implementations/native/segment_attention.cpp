@@ -180,8 +180,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
         continue;
       }
       const float* panels = packed.data() + (a - pk0) * D;  // (wd / 16) panels of (D, 16)
-      for (int64_t p = 0; p < wd; p += kPanel)
-        for_row_bands<QKBand>(m, qb, qs2, panels + p * D, D, alpha, s + c + p, w);
+      qk_product(m, wd, qb, qs2, panels, D, alpha, s + c, w);
     }
     // Softmax over the visible columns of each row: keys [lo, hi] within the segments.
     for (int64_t i = 0; i < m; ++i) {
@@ -230,9 +229,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
         for (int64_t j0 = 0; j0 < segs[t].len; j0 += kSumRun) {
           const int64_t len = std::min(kSumRun, segs[t].len - j0);
           float* dst = first && j0 == 0 ? ot : run;
-          for (int64_t e = 0; e < Dv; e += kPanel)
-            for_row_bands<PVBand>(m, ps + j0, w, vseg + j0 * vs2 + e, vs2, len, dst + e, Dv,
-                                  false);
+          pv_product(m, Dv, ps + j0, w, vseg + j0 * vs2, vs2, len, dst, Dv, false);
           if (dst == run) add_into(ot, run, m * Dv);
         }
       }

@@ -117,67 +117,81 @@ inline void scaled_store(const float* x, float* y, int64_t n, float s, bool stre
 }
 
 // ---- register-blocked tiles (the fast path: Dv a multiple of 16) ---------------------
-// A tile is R rows x 16 columns of the product held in registers: per step of the
-// reduction, one row of 16 floats of the right operand is loaded, R elements of the left
-// are broadcast and multiplied into it. The right operands need no per-call packing: K is
-// packed once per head and piece into 16-key panels (D x 16), V rows are read as they lie
-// (16 contiguous floats per key).
+// A tile is R rows x P panels (16 columns each) of a product held in registers: per step
+// of the reduction, one row of the right operand (P x 16 floats) is loaded, R elements of
+// the left are broadcast and multiplied into it. The right operands need no per-call
+// packing: K is packed once per head and piece into 16-key panels (D x 16, consecutive
+// panels D * 16 floats apart), V rows are read as they lie (contiguous floats per key).
+// Each output element is the same FMA chain over the reduction whatever the tile's shape,
+// so the shape changes speed and never a result.
 //
-// AVX2: a row's 16 columns are two 8-float ymm accumulators, R <= 6: 12 accumulators, the
-// shape of BLIS's Haswell sgemm kernel. AVX-512: one 16-float zmm a row, R <= 8: 8 FMA
-// chains in flight, as many as two FMA units of 4 cycles' latency need, each loaded row
-// of the right operand feeding 8 FMAs (the broadcasts fold into the FMAs). With R = 12 the
-// 12 row pointers no longer fit in the general registers and the loop reloaded them from
-// the stack: sliding_window's forward (N = 8192, 2 threads, medians of 12 calls in two
-// processes) took 57 ms, against 48 ms with R = 8. Each output element is the same FMA
-// chain over the reduction in both builds.
+// AVX2: 6 rows x 1 panel, two 8-float ymm a row: 12 accumulators, the shape of BLIS's
+// Haswell sgemm kernel. AVX-512: 4 rows x 4 panels, four 16-float zmm a row: 16 chains in
+// flight for two FMA units of 4 cycles' latency, and 8 loads per 16 FMAs. The earlier
+// 8 x 16 tile (one zmm a row: 8 chains, 9 loads per 8 FMAs) ran its loop at 74-95 GF/s
+// on one core of the Xeon host with runtime sizes, where 4 x 64 ran 120-126 and MKL's
+// sgemm 122-125 (scratch microbenchmark, Q K^T and P V at 48 x 64 x 288).
 constexpr int64_t kPanel = 16;
 
 #if defined(CPU_CAPABILITY_AVX512)
-constexpr int64_t kRows = 8;
+constexpr int64_t kRows = 4;  // rows per full tile
+constexpr int kPanels = 4;  // panels per full tile
 
-// S[r, 0:16] = alpha * sum_d Q[r, d] * panel[d, 0:16], r < R.
-template <int R>
-ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panel, int64_t D, float alpha,
-                    float* s, int64_t lds) {
-  __m512 c[R];
-  for (int r = 0; r < R; ++r) c[r] = _mm512_setzero_ps();
+// S[r, 0:16P] = alpha * sum_d Q[r, d] * panels[x][d, 0:16], r < R, x < P.
+template <int R, int P>
+ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panels, int64_t D,
+                            float alpha, float* s, int64_t lds) {
+  __m512 c[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < P; ++x) c[r][x] = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; ++d) {
-    const __m512 b = _mm512_loadu_ps(panel + d * kPanel);
-    for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qs + d]), b, c[r]);
-  }
-  const __m512 va = _mm512_set1_ps(alpha);
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * lds, _mm512_mul_ps(c[r], va));
-}
-
-// O[r, 0:16] (+)= sum_j P[r, j] * V[j, 0:16], r < R. P is row-major (row stride ldp) or,
-// with Transposed, given as P^T (element (r, j) at p[j * ldp + r]).
-template <int R, bool Transposed = false>
-ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
-                    float* o, int64_t ldo, bool accumulate) {
-  __m512 c[R];
-  for (int r = 0; r < R; ++r) c[r] = accumulate ? _mm512_loadu_ps(o + r * ldo) : _mm512_setzero_ps();
-  for (int64_t j = 0; j < K; ++j) {
-    const __m512 b = _mm512_loadu_ps(v + j * vs);
+    __m512 b[P];
+    for (int x = 0; x < P; ++x) b[x] = _mm512_loadu_ps(panels + x * D * kPanel + d * kPanel);
     for (int r = 0; r < R; ++r) {
-      const float a = Transposed ? p[j * ldp + r] : p[r * ldp + j];
-      c[r] = _mm512_fmadd_ps(_mm512_set1_ps(a), b, c[r]);
+      const __m512 a = _mm512_set1_ps(q[r * qs + d]);
+      for (int x = 0; x < P; ++x) c[r][x] = _mm512_fmadd_ps(a, b[x], c[r][x]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(o + r * ldo, c[r]);
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < P; ++x)
+      _mm512_storeu_ps(s + r * lds + x * kPanel, _mm512_mul_ps(c[r][x], va));
+}
+
+// O[r, 0:16P] (+)= sum_j P[r, j] * V[j, 0:16P], r < R. P is row-major (row stride ldp) or,
+// with Transposed, given as P^T (element (r, j) at p[j * ldp + r]).
+template <int R, int P, bool Transposed>
+ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
+                            float* o, int64_t ldo, bool accumulate) {
+  __m512 c[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < P; ++x)
+      c[r][x] = accumulate ? _mm512_loadu_ps(o + r * ldo + x * kPanel) : _mm512_setzero_ps();
+  for (int64_t j = 0; j < K; ++j) {
+    __m512 b[P];
+    for (int x = 0; x < P; ++x) b[x] = _mm512_loadu_ps(v + j * vs + x * kPanel);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(Transposed ? p[j * ldp + r] : p[r * ldp + j]);
+      for (int x = 0; x < P; ++x) c[r][x] = _mm512_fmadd_ps(a, b[x], c[r][x]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < P; ++x) _mm512_storeu_ps(o + r * ldo + x * kPanel, c[r][x]);
 }
 #else
 constexpr int64_t kRows = 6;
+constexpr int kPanels = 1;
 
-// S[r, 0:16] = alpha * sum_d Q[r, d] * panel[d, 0:16], r < R.
-template <int R>
-ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panel, int64_t D, float alpha,
-                    float* s, int64_t lds) {
+// S[r, 0:16] = alpha * sum_d Q[r, d] * panels[d, 0:16], r < R (P = 1 only).
+template <int R, int P>
+ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panels, int64_t D,
+                            float alpha, float* s, int64_t lds) {
+  static_assert(P == 1, "the AVX2 tiles are one panel wide");
   __m256 c0[R], c1[R];
   for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; ++d) {
-    const __m256 b0 = _mm256_loadu_ps(panel + d * kPanel);
-    const __m256 b1 = _mm256_loadu_ps(panel + d * kPanel + 8);
+    const __m256 b0 = _mm256_loadu_ps(panels + d * kPanel);
+    const __m256 b1 = _mm256_loadu_ps(panels + d * kPanel + 8);
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(q + r * qs + d);
       c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
@@ -191,12 +205,14 @@ ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panel, int6
   }
 }
 
-// O[r, 0:16] (+)= sum_j P[r, j] * V[j, 0:16], r < R. P is row-major (row stride ldp) or,
-// with Transposed, given as P^T (element (r, j) at p[j * ldp + r]). The offsets stay
-// compile-time constants: with both strides as runtime values the loop ran at half speed.
-template <int R, bool Transposed = false>
+// O[r, 0:16] (+)= sum_j P[r, j] * V[j, 0:16], r < R (P = 1 only). P is row-major (row
+// stride ldp) or, with Transposed, given as P^T (element (r, j) at p[j * ldp + r]). The
+// offsets stay compile-time constants: with both strides as runtime values the loop ran
+// at half speed.
+template <int R, int P, bool Transposed>
 ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
-                    float* o, int64_t ldo, bool accumulate) {
+                            float* o, int64_t ldo, bool accumulate) {
+  static_assert(P == 1, "the AVX2 tiles are one panel wide");
   __m256 c0[R], c1[R];
   for (int r = 0; r < R; ++r) {
     c0[r] = accumulate ? _mm256_loadu_ps(o + r * ldo) : _mm256_setzero_ps();
@@ -218,46 +234,92 @@ ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t
 }
 #endif
 
-// The last band of for_row_bands: tile<R> for the R = rest rows left (0 < rest < kRows).
-template <template <int> class Tile, int R, typename... Args>
-ATTNBENCH_TILE void last_band(int64_t rest, int64_t i, Args... args) {
+// The last band of a panel group: Tile<R, P> for the R = rest rows left (0 < rest < kRows).
+template <template <int, int> class Tile, int P, int R, typename... Args>
+ATTNBENCH_TILE void last_band(int64_t rest, int64_t i, int64_t col, Args... args) {
   if constexpr (R > 0) {
-    if (rest == R) return Tile<R>::run(i, args...);
-    last_band<Tile, R - 1>(rest, i, args...);
+    if (rest == R) return Tile<R, P>::run(i, col, args...);
+    last_band<Tile, P, R - 1>(rest, i, col, args...);
   }
 }
 
-// Calls tile<R> for every kRows-row band of m rows (the last band has m % kRows rows).
-template <template <int> class Tile, typename... Args>
-ATTNBENCH_TILE void for_row_bands(int64_t m, Args... args) {
+// Tile<R, P> over every kRows-row band of m rows (the last band has m % kRows rows), for
+// the P panels from panel `col`.
+template <template <int, int> class Tile, int P, typename... Args>
+ATTNBENCH_TILE void row_bands(int64_t m, int64_t col, Args... args) {
   int64_t i = 0;
-  for (; i + kRows <= m; i += kRows) Tile<kRows>::run(i, args...);
-  if (m > i) last_band<Tile, kRows - 1>(m - i, i, args...);
+  for (; i + kRows <= m; i += kRows) Tile<kRows, P>::run(i, col, args...);
+  if (m > i) last_band<Tile, P, kRows - 1>(m - i, i, col, args...);
 }
 
-template <int R>
-struct QKBand {
-  static ATTNBENCH_TILE void run(int64_t i, const float* q, int64_t qs, const float* panel, int64_t D,
-                  float alpha, float* s, int64_t lds) {
-    qk_tile<R>(q + i * qs, qs, panel, D, alpha, s + i * lds, lds);
+// Tiles over an (m rows) x (n_panels panels) product: groups of kPanels panels, then the
+// rest in groups of 2 and 1; in each group, the row bands (its right operand stays in L1).
+template <template <int, int> class Tile, typename... Args>
+ATTNBENCH_TILE void for_tiles(int64_t m, int64_t n_panels, Args... args) {
+  int64_t p = 0;
+  for (; p + kPanels <= n_panels; p += kPanels) row_bands<Tile, kPanels>(m, p, args...);
+  if constexpr (kPanels > 2) {
+    if (p + 2 <= n_panels) {
+      row_bands<Tile, 2>(m, p, args...);
+      p += 2;
+    }
+  }
+  if constexpr (kPanels > 1) {
+    if (p < n_panels) row_bands<Tile, 1>(m, p, args...);
+  }
+}
+
+template <int R, int P>
+struct QKTile {
+  static ATTNBENCH_TILE void run(int64_t i, int64_t col, const float* q, int64_t qs,
+                                 const float* panels, int64_t D, float alpha, float* s,
+                                 int64_t lds) {
+    qk_tile<R, P>(q + i * qs, qs, panels + col * D * kPanel, D, alpha, s + i * lds + col * kPanel,
+                  lds);
   }
 };
 
-template <int R>
-struct PVBand {
-  static ATTNBENCH_TILE void run(int64_t i, const float* p, int64_t ldp, const float* v, int64_t vs,
-                  int64_t K, float* o, int64_t ldo, bool accumulate) {
-    pv_tile<R>(p + i * ldp, ldp, v, vs, K, o + i * ldo, ldo, accumulate);
+template <int R, int P>
+struct PVTile {
+  static ATTNBENCH_TILE void run(int64_t i, int64_t col, const float* p, int64_t ldp,
+                                 const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
+                                 bool accumulate) {
+    pv_tile<R, P, false>(p + i * ldp, ldp, v + col * kPanel, vs, K, o + i * ldo + col * kPanel,
+                         ldo, accumulate);
   }
 };
 
-template <int R>
-struct PVTBand {  // P given transposed: rows of the product are columns of p
-  static ATTNBENCH_TILE void run(int64_t i, const float* pt, int64_t ldp, const float* v, int64_t vs,
-                  int64_t K, float* o, int64_t ldo, bool accumulate) {
-    pv_tile<R, true>(pt + i, ldp, v, vs, K, o + i * ldo, ldo, accumulate);
+template <int R, int P>
+struct PVTTile {  // P given transposed: rows of the product are columns of p
+  static ATTNBENCH_TILE void run(int64_t i, int64_t col, const float* pt, int64_t ldp,
+                                 const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
+                                 bool accumulate) {
+    pv_tile<R, P, true>(pt + i, ldp, v + col * kPanel, vs, K, o + i * ldo + col * kPanel, ldo,
+                        accumulate);
   }
 };
+
+// S (m, n) = alpha * Q (m, D) K^T: K's n keys (n a multiple of 16) as consecutive
+// (D, 16) panels (pack_keys); rows of Q and S ld qs and lds apart.
+ATTNBENCH_TILE void qk_product(int64_t m, int64_t n, const float* q, int64_t qs,
+                               const float* panels, int64_t D, float alpha, float* s,
+                               int64_t lds) {
+  for_tiles<QKTile>(m, n / kPanel, q, qs, panels, D, alpha, s, lds);
+}
+
+// O (m, n) (+)= P (m, K) V (K, n), n a multiple of 16; V's rows vs apart.
+ATTNBENCH_TILE void pv_product(int64_t m, int64_t n, const float* p, int64_t ldp,
+                               const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
+                               bool accumulate) {
+  for_tiles<PVTile>(m, n / kPanel, p, ldp, v, vs, K, o, ldo, accumulate);
+}
+
+// O (m, n) (+)= P (m, K) V (K, n) with P given as P^T (K, m), row stride ldp.
+ATTNBENCH_TILE void pvt_product(int64_t m, int64_t n, const float* pt, int64_t ldp,
+                                const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
+                                bool accumulate) {
+  for_tiles<PVTTile>(m, n / kPanel, pt, ldp, v, vs, K, o, ldo, accumulate);
+}
 
 // Keys [k0, k1) of one head (k0 a multiple of kPanel) as (D, kPanel) panels; keys outside
 // [0, Nk) are zero.
