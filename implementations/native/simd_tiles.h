@@ -321,12 +321,52 @@ ATTNBENCH_TILE void pvt_product(int64_t m, int64_t n, const float* pt, int64_t l
   for_tiles<PVTTile>(m, n / kPanel, pt, ldp, v, vs, K, o, ldo, accumulate);
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// dst[c * 16 : c * 16 + 16] = column c of the 16 x 16 block of rows[0..16), c < 16: the
+// block transposed in registers (interleave pairs of rows, then 4 x 4 blocks within each
+// 128-bit lane, then lanes across the four groups of rows).
+ATTNBENCH_TILE void transpose16(const float* const* rows, int64_t col, float* dst) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {
+    const __m512 x = _mm512_loadu_ps(rows[i] + col), y = _mm512_loadu_ps(rows[i + 1] + col);
+    a[i] = _mm512_unpacklo_ps(x, y);  // per lane: x0 y0 x1 y1
+    a[i + 1] = _mm512_unpackhi_ps(x, y);  // x2 y2 x3 y3
+  }
+  for (int i = 0; i < 16; i += 4) {  // b[i + k], lane L: rows i..i+3 of column 4L + k
+    b[i] = _mm512_shuffle_ps(a[i], a[i + 2], 0x44);
+    b[i + 1] = _mm512_shuffle_ps(a[i], a[i + 2], 0xEE);
+    b[i + 2] = _mm512_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+    b[i + 3] = _mm512_shuffle_ps(a[i + 1], a[i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512 u = _mm512_shuffle_f32x4(b[k], b[4 + k], 0x88);  // lanes 0, 2
+    const __m512 w = _mm512_shuffle_f32x4(b[k], b[4 + k], 0xDD);  // lanes 1, 3
+    const __m512 u2 = _mm512_shuffle_f32x4(b[8 + k], b[12 + k], 0x88);
+    const __m512 w2 = _mm512_shuffle_f32x4(b[8 + k], b[12 + k], 0xDD);
+    _mm512_storeu_ps(dst + (0 + k) * 16, _mm512_shuffle_f32x4(u, u2, 0x88));
+    _mm512_storeu_ps(dst + (4 + k) * 16, _mm512_shuffle_f32x4(w, w2, 0x88));
+    _mm512_storeu_ps(dst + (8 + k) * 16, _mm512_shuffle_f32x4(u, u2, 0xDD));
+    _mm512_storeu_ps(dst + (12 + k) * 16, _mm512_shuffle_f32x4(w, w2, 0xDD));
+  }
+}
+#endif
+
 // Keys [k0, k1) of one head (k0 a multiple of kPanel) as (D, kPanel) panels; keys outside
-// [0, Nk) are zero.
+// [0, Nk) are zero. On AVX-512 a panel of 16 keys inside [0, Nk) is transposed 16 x 16 in
+// registers (D a multiple of 16), else element by element.
 inline void pack_keys(const float* kh, int64_t ks, int64_t D, int64_t Nk, int64_t k0, int64_t k1,
                float* dst) {
   for (int64_t p = 0; p * kPanel < k1 - k0; ++p) {
     float* panel = dst + p * D * kPanel;  // (D, kPanel)
+#if defined(CPU_CAPABILITY_AVX512)
+    const int64_t first = k0 + p * kPanel;
+    if (D % 16 == 0 && first >= 0 && first + kPanel <= Nk) {
+      const float* rows[16];
+      for (int c = 0; c < 16; ++c) rows[c] = kh + (first + c) * ks;
+      for (int64_t d = 0; d < D; d += 16) transpose16(rows, d, panel + d * kPanel);
+      continue;
+    }
+#endif
     for (int64_t c = 0; c < kPanel; ++c) {
       const int64_t key = k0 + p * kPanel + c;
       if (key >= 0 && key < Nk) {
