@@ -14,9 +14,10 @@
 // multiple of 16 (K packed once per head into 16-key panels), else in MKL's sgemm. On the
 // AMD AVX2 host, at N = 8192, window (255,0), 2 threads, the tiles took the forward from
 // 104 to 53 ms (32-row blocks) and block_sparse bigbird from 147 to 89 ms, medians of 9
-// interleaved rounds: MKL repacks both operands of every 32 x 287 x 64 call. The exponential is ATen's exp_u20, the one
-// its CPU flash-attention kernel uses; against Sleef's exp it took the sgemm version from
-// 64.7 to 61.4 ms and moved no output by more than 2.4e-7.
+// interleaved rounds: MKL repacks both operands of every 32 x 287 x 64 call. The
+// exponential is ATen's exp_u20, the one its CPU flash-attention kernel uses; against
+// Sleef's exp it took the sgemm version from 64.7 to 61.4 ms and moved no output by more
+// than 2.4e-7.
 //
 // The caller runs a range of (batch, head, block) tasks per call, with the GIL released:
 // attnbench's ``split_work`` hands ranges to the CPU threads (torch single-threaded on each,
