@@ -217,8 +217,9 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       for (int64_t j = 0; j < r; ++j) add_into(zc.data(), &phik[j * F], F);
       // The chunk's phi(K_rows)^T (F, r) @ V_rows (r, Dv) (phi(K) read transposed), then
       // added to the group's sums: three levels (kGroup), not one fp32 chain.
-      // V's rows copied once (a sequential read) rather than read in four 16-float
-      // column slabs by the tiles
+      // V's rows copied once (a sequential read): the AVX2 tiles read each row in 16-float
+      // column slabs. The AVX-512 tiles read whole 64-float rows; without the copy they
+      // were no faster beyond the noise (scratch A/B).
       for (int64_t j = 0; j < r; ++j)
         std::copy_n(vh + (j0 + j) * v.stride(2), Dv, &vc[j * Dv]);
       pvt_product(F, Dv, phik.data(), F, vc.data(), Dv, r, sc.data(), Dv, false);
@@ -256,8 +257,8 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
   // tiles storing straight into `out` (fresh lines each block) ran at half their speed.
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv));  // (kChunk, Dv)
   std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
-  // at N = 8192 (H = 8, D = 64) this pass ran 1.19x [1.12, 1.24] faster with streamed
-  // stores (interleaved A/B, 25 rounds)
+  // streamed stores made the whole linear forward 1.073x [1.02, 1.13] faster at N = 8192
+  // (results/2026-12-02-goals-avx512-r* against -avx512-nt-r*, all samples pooled)
   const bool stream = streams(out.numel());
   for (int64_t task = lo; task < hi; ++task) {
     const int64_t b = task % nb, bh = task / nb, h = bh % Hq, n = bh / Hq;
