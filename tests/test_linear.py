@@ -391,6 +391,30 @@ def test_fused_forward_matches_own_reference_and_brute_force(name):
 
 
 @needs_native
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_forward_reads_strided_rows_in_place(feature_map, causal):
+    """q, k, v as (B, N, H, D) storage seen as (B, H, N, D): rows H * D floats apart, read
+    (and the next chunk's prefetched) where they lie; bitwise the contiguous inputs' result,
+    over several chunks and a short last one."""
+    B, H, N, D = 1, 3, 200, 32
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(B, N, H, D).transpose(1, 2) for _ in range(3))  # (B, H, N, D)
+    assert k.stride(2) == H * D
+    panels, half = torch.empty(0), 0.0
+    if feature_map == "favor":
+        case = small(heads_q=H, heads_kv=H, seq_q=N, seq_k=N, head_dim=D, head_dim_v=D,
+                     feature_map="favor", num_features=32, mode="fwd")
+        panels = _linear_fused.pack_projection(L.favor_projection(case).float()
+                                               * case.softmax_scale ** 0.5)
+        half = case.softmax_scale / 2
+    strided = _linear_fused.fused_forward(q, k, v, causal, panels, half)
+    dense = _linear_fused.fused_forward(q.contiguous(), k.contiguous(), v.contiguous(), causal,
+                                        panels, half)
+    assert torch.isfinite(dense).all() and torch.equal(strided, dense)
+
+
+@needs_native
 @pytest.mark.parametrize("mode", ["fwd", "fwd_bwd"])
 @pytest.mark.parametrize("mask", ["none", "causal"])
 def test_fused_favor_rescales_when_later_keys_raise_the_shift(mask, mode):

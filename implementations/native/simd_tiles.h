@@ -234,39 +234,93 @@ ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t
 }
 #endif
 
+// ---- work between tiles ----------------------------------------------------------------
+// A product's tiles run from registers and L1, leaving the memory system idle; a kernel
+// that next reads a fresh chunk from memory (or streams a finished one out) then waits on
+// it in one burst. The products take a `between` hook, called before each tile, through
+// which a kernel spreads that traffic over the tiles instead: prefetches of the next
+// chunk's lines (which retire without waiting), the previous block's streamed stores.
+struct NoHook {
+  ATTNBENCH_TILE void operator()() const {}
+};
+
+// Prefetches `rows` rows of `cols` floats, `stride` floats apart from `first`, into L1: a
+// share of their 64-byte lines per call, so that `calls` calls cover them all.
+class RowsPrefetch {
+ public:
+  RowsPrefetch(const float* first, int64_t stride, int64_t cols, int64_t rows, int64_t calls)
+      : row_(reinterpret_cast<const char*>(first)),
+        row_bytes_(cols * 4),
+        stride_bytes_(stride * 4),
+        rows_(rows),
+        per_call_((rows * ((cols * 4 + 63) / 64) + calls - 1) / std::max<int64_t>(calls, 1)) {}
+
+  ATTNBENCH_TILE void operator()() {
+    for (int64_t i = 0; i < per_call_ && rows_ > 0; ++i) {
+      _mm_prefetch(row_ + offset_, _MM_HINT_T0);
+      offset_ += 64;
+      if (offset_ >= row_bytes_) {
+        offset_ = 0;
+        row_ += stride_bytes_;
+        --rows_;
+      }
+    }
+  }
+
+ private:
+  const char* row_;
+  int64_t row_bytes_, stride_bytes_, rows_, per_call_, offset_ = 0;
+};
+
 // The last band of a panel group: Tile<R, P> for the R = rest rows left (0 < rest < kRows).
-template <template <int, int> class Tile, int P, int R, typename... Args>
-ATTNBENCH_TILE void last_band(int64_t rest, int64_t i, int64_t col, Args... args) {
+template <template <int, int> class Tile, int P, int R, typename Hook, typename... Args>
+ATTNBENCH_TILE void last_band(Hook& between, int64_t rest, int64_t i, int64_t col,
+                              Args... args) {
   if constexpr (R > 0) {
-    if (rest == R) return Tile<R, P>::run(i, col, args...);
-    last_band<Tile, P, R - 1>(rest, i, col, args...);
+    if (rest == R) {
+      between();
+      return Tile<R, P>::run(i, col, args...);
+    }
+    last_band<Tile, P, R - 1>(between, rest, i, col, args...);
   }
 }
 
 // Tile<R, P> over every kRows-row band of m rows (the last band has m % kRows rows), for
 // the P panels from panel `col`.
-template <template <int, int> class Tile, int P, typename... Args>
-ATTNBENCH_TILE void row_bands(int64_t m, int64_t col, Args... args) {
+template <template <int, int> class Tile, int P, typename Hook, typename... Args>
+ATTNBENCH_TILE void row_bands(Hook& between, int64_t m, int64_t col, Args... args) {
   int64_t i = 0;
-  for (; i + kRows <= m; i += kRows) Tile<kRows, P>::run(i, col, args...);
-  if (m > i) last_band<Tile, P, kRows - 1>(m - i, i, col, args...);
+  for (; i + kRows <= m; i += kRows) {
+    between();
+    Tile<kRows, P>::run(i, col, args...);
+  }
+  if (m > i) last_band<Tile, P, kRows - 1>(between, m - i, i, col, args...);
 }
 
 // Tiles over an (m rows) x (n_panels panels) product: groups of kPanels panels, then the
 // rest in groups of 2 and 1; in each group, the row bands (its right operand stays in L1).
-template <template <int, int> class Tile, typename... Args>
-ATTNBENCH_TILE void for_tiles(int64_t m, int64_t n_panels, Args... args) {
+// `between()` before each tile.
+template <template <int, int> class Tile, typename Hook, typename... Args>
+ATTNBENCH_TILE void for_tiles(Hook& between, int64_t m, int64_t n_panels, Args... args) {
   int64_t p = 0;
-  for (; p + kPanels <= n_panels; p += kPanels) row_bands<Tile, kPanels>(m, p, args...);
+  for (; p + kPanels <= n_panels; p += kPanels)
+    row_bands<Tile, kPanels>(between, m, p, args...);
   if constexpr (kPanels > 2) {
     if (p + 2 <= n_panels) {
-      row_bands<Tile, 2>(m, p, args...);
+      row_bands<Tile, 2>(between, m, p, args...);
       p += 2;
     }
   }
   if constexpr (kPanels > 1) {
-    if (p < n_panels) row_bands<Tile, 1>(m, p, args...);
+    if (p < n_panels) row_bands<Tile, 1>(between, m, p, args...);
   }
+}
+
+// How many tiles (so `between` calls) for_tiles runs over m rows and n_panels panels.
+inline int64_t tile_count(int64_t m, int64_t n_panels) {
+  const int64_t groups = n_panels / kPanels + (kPanels > 2 && n_panels % kPanels >= 2) +
+                         (kPanels > 1 && n_panels % 2 == 1);
+  return groups * ((m + kRows - 1) / kRows);
 }
 
 template <int R, int P>
@@ -301,24 +355,27 @@ struct PVTTile {  // P given transposed: rows of the product are columns of p
 
 // S (m, n) = alpha * Q (m, D) K^T: K's n keys (n a multiple of 16) as consecutive
 // (D, 16) panels (pack_keys); rows of Q and S ld qs and lds apart.
+template <typename Hook = NoHook>
 ATTNBENCH_TILE void qk_product(int64_t m, int64_t n, const float* q, int64_t qs,
                                const float* panels, int64_t D, float alpha, float* s,
-                               int64_t lds) {
-  for_tiles<QKTile>(m, n / kPanel, q, qs, panels, D, alpha, s, lds);
+                               int64_t lds, Hook between = {}) {
+  for_tiles<QKTile>(between, m, n / kPanel, q, qs, panels, D, alpha, s, lds);
 }
 
 // O (m, n) (+)= P (m, K) V (K, n), n a multiple of 16; V's rows vs apart.
+template <typename Hook = NoHook>
 ATTNBENCH_TILE void pv_product(int64_t m, int64_t n, const float* p, int64_t ldp,
                                const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
-                               bool accumulate) {
-  for_tiles<PVTile>(m, n / kPanel, p, ldp, v, vs, K, o, ldo, accumulate);
+                               bool accumulate, Hook between = {}) {
+  for_tiles<PVTile>(between, m, n / kPanel, p, ldp, v, vs, K, o, ldo, accumulate);
 }
 
 // O (m, n) (+)= P (m, K) V (K, n) with P given as P^T (K, m), row stride ldp.
+template <typename Hook = NoHook>
 ATTNBENCH_TILE void pvt_product(int64_t m, int64_t n, const float* pt, int64_t ldp,
                                 const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
-                                bool accumulate) {
-  for_tiles<PVTTile>(m, n / kPanel, pt, ldp, v, vs, K, o, ldo, accumulate);
+                                bool accumulate, Hook between = {}) {
+  for_tiles<PVTTile>(between, m, n / kPanel, pt, ldp, v, vs, K, o, ldo, accumulate);
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
