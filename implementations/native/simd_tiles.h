@@ -236,10 +236,10 @@ ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t
 
 // ---- work between tiles ----------------------------------------------------------------
 // A product's tiles run from registers and L1, leaving the memory system idle; a kernel
-// that next reads a fresh chunk from memory (or streams a finished one out) then waits on
-// it in one burst. The products take a `between` hook, called before each tile, through
-// which a kernel spreads that traffic over the tiles instead: prefetches of the next
-// chunk's lines (which retire without waiting), the previous block's streamed stores.
+// that next reads a fresh chunk from memory then waits on it in one burst. The products
+// take a `between` hook, called before each tile, through which a kernel spreads that
+// traffic over the tiles instead: prefetches of the next chunk's lines, which retire
+// without waiting for them (linear_state's K and V).
 struct NoHook {
   ATTNBENCH_TILE void operator()() const {}
 };
