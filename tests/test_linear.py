@@ -405,8 +405,8 @@ def test_fused_forward_reads_strided_rows_in_place(feature_map, causal):
     if feature_map == "favor":
         case = small(heads_q=H, heads_kv=H, seq_q=N, seq_k=N, head_dim=D, head_dim_v=D,
                      feature_map="favor", num_features=32, mode="fwd")
-        panels = _linear_fused.pack_projection(L.favor_projection(case).float()
-                                               * case.softmax_scale ** 0.5)
+        panels = _linear_fused.pack_projection(
+            L.scaled_projection(L.favor_projection(case), case.softmax_scale, torch.float32))
         half = case.softmax_scale / 2
     strided = _linear_fused.fused_forward(q, k, v, causal, panels, half)
     dense = _linear_fused.fused_forward(q.contiguous(), k.contiguous(), v.contiguous(), causal,
