@@ -33,7 +33,7 @@
 // masks was no faster, and ATen's fexp_u20 is off by up to 1e-4 (relative). With D = 64
 // each phi element feeds only 2 Dv = 128 flops, so the exp alone adds about 30% to each
 // pass: before memory and the second core, the elu forward is bound near 0.6 of the FMA
-// rate (both passes ran at 52-55 GF/s alone on a core, where MKL's sgemm of the same shapes
+// rate (both passes ran at 53-56 GF/s alone on a core, where MKL's sgemm of the same shapes
 // ran 77).
 //
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
