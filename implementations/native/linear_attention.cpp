@@ -28,13 +28,13 @@
 //
 // Where elu's non-causal forward spends its time (AVX2 on one Zen 3 core, each step timed
 // alone on a 64-row chunk in L1; scratch microbenchmark): the 64 x 64 x 64 tile product
-// 7.6 us (69 GF/s), phi = elu + 1 2.35 us, the chunk's sums 0.76 us. exp_u20 takes about
-// 9 cycles per 8 floats, on the same two FMA ports as the tiles; a leaner exp without range
-// masks was no faster, and ATen's fexp_u20 is off by up to 1e-4 (relative). With D = 64
-// each phi element feeds only 2 Dv = 128 flops, so the exp alone adds about 30% to each
-// pass: before memory and the second core, the elu forward is bound near 0.6 of the FMA
-// rate (both passes ran at 53-56 GF/s alone on a core, where MKL's sgemm of the same shapes
-// ran 77).
+// 7.6 us (69 GF/s), phi = elu + 1 2.35 us, the chunk's sums 0.76 us. phi takes about 9
+// cycles per 8 floats, nearly all of it exp_u20's, on the same two FMA ports as the tiles;
+// a leaner exp without range masks was no faster, and ATen's fexp_u20 is off by up to 1e-4
+// (relative). With D = 64 each phi element feeds only 2 Dv = 128 flops, so phi alone adds
+// about 30% to each pass: before memory and the second core, the elu forward is bound
+// near 0.6 of the FMA rate (both passes ran at 53-56 GF/s alone on a core, where MKL's
+// sgemm of the same shapes ran 77).
 //
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
 // hands the ranges to the CPU threads. Dv and FAVOR+'s m must be multiples of 16 (the
