@@ -36,6 +36,13 @@
 // near 0.6 of the FMA rate (both passes ran at 53-56 GF/s alone on a core, where MKL's
 // sgemm of the same shapes ran 77).
 //
+// On one core of the Xeon host (AVX-512; scratch microbenchmark) the 4 x 64 tiles ran the
+// 64 x 64 x 64 product at MKL's rate from L1, yet each pass ran at about half of it: the
+// work around the tiles cost as much as the exp. The keys' sum z is now taken while phi is
+// in registers, and the chunk's product is added to the group's sums as the tiles store it
+// (no buffer written and read back); both give the same sums in the same order, so the
+// results are bitwise unchanged.
+//
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
 // hands the ranges to the CPU threads. Dv and FAVOR+'s m must be multiples of 16 (the
 // tiles' width), and for the backwards D too.
@@ -70,6 +77,32 @@ inline void elu1_row(const float* src, float* dst, int64_t n) {
   for (; d < n; ++d) dst[d] = src[d] > 0.f ? src[d] + 1.f : std::exp(src[d]);
 }
 
+// phi of r key rows (row stride xs) into dst (r, D), and their sum over the rows into
+// zc (D,), taken while phi is in registers: the same sums, in the same order, as adding
+// the stored rows after (which read the chunk's phi twice more).
+inline void elu1_rows_summed(const float* x, int64_t xs, int64_t r, int64_t D, float* dst,
+                             float* zc) {
+  int64_t d = 0;
+  for (; d + Vec::size() <= D; d += Vec::size()) {
+    Vec acc(0.f);
+    for (int64_t i = 0; i < r; ++i) {
+      const Vec p = elu1(Vec::loadu(x + i * xs + d));
+      p.store(dst + i * D + d);
+      acc = acc + p;
+    }
+    acc.store(zc + d);
+  }
+  for (; d < D; ++d) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < r; ++i) {
+      const float xi = x[i * xs + d];
+      dst[i * D + d] = xi > 0.f ? xi + 1.f : std::exp(xi);
+      acc += dst[i * D + d];
+    }
+    zc[d] = acc;
+  }
+}
+
 inline void add_scalar(float* x, int64_t n, float s) {  // x += s
   int64_t j = 0;
   const Vec vs(s);
@@ -92,15 +125,20 @@ inline void exp_shift(float* x, int64_t n, float mx) {
 // O (m x cols, row stride ldo) = P (m x K) @ V (K x cols), K the features: the sum goes in
 // slices of kSlice features, each its own tile chain, added after (as MKL blocks its sums).
 // One chain over FAVOR+'s 256 features read 7% further from float64 than the eager path's
-// matmul. tmp: m x cols scratch.
+// matmul. tmp: m x cols scratch. `between`: the first slice's tile hook (simd_tiles.h).
 constexpr int64_t kSlice = 64;
+template <typename Hook = NoHook>
 inline void features_product(int64_t m, const float* p, int64_t ldp, const float* v, int64_t vs,
-                             int64_t K, int64_t cols, float* o, int64_t ldo, float* tmp) {
+                             int64_t K, int64_t cols, float* o, int64_t ldo, float* tmp,
+                             Hook between = {}) {
   for (int64_t k0 = 0; k0 < K; k0 += kSlice) {
     const int64_t kn = std::min(kSlice, K - k0);
     float* dst = k0 == 0 ? o : tmp;
     const int64_t ld = k0 == 0 ? ldo : cols;
-    pv_product(m, cols, p + k0, ldp, v + k0 * vs, vs, kn, dst, ld, false);
+    if (k0 == 0)
+      pv_product(m, cols, p, ldp, v, vs, kn, dst, ld, Into::kStore, between);
+    else
+      pv_product(m, cols, p + k0, ldp, v + k0 * vs, vs, kn, dst, ld, Into::kStore);
     if (k0 > 0)
       for (int64_t i = 0; i < m; ++i) add_into(o + i * ldo, tmp + i * cols, cols);
   }
@@ -200,7 +238,6 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
   TORCH_CHECK(0 <= lo && lo <= hi && hi <= B * Hkv, "linear_state: head range outside");
   std::vector<float> phik(static_cast<size_t>(kChunk * F));  // (kChunk, F)
   std::vector<float> zc(static_cast<size_t>(F));
-  std::vector<float> sc(static_cast<size_t>(F * Dv));  // one chunk's phi(K)^T V
   std::vector<float> sg(static_cast<size_t>(F * Dv)), zg(static_cast<size_t>(F));  // a group's
   const int64_t tiles = tile_count(F, Dv / kPanel);  // per chunk product
   for (int64_t head = lo; head < hi; ++head) {
@@ -216,18 +253,22 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
     float top = -INFINITY;  // FAVOR+'s key shift so far
     for (int64_t j0 = 0; j0 < Nk; j0 += kChunk) {
       const int64_t r = std::min(kChunk, Nk - j0);
-      const float rescale = fm.keys(kh + j0 * k.stride(2), k.stride(2), r, phik.data(), top);
-      if (rescale != 1.f) {
-        scale_in_place(s, F * Dv, rescale);
-        scale_in_place(z, F, rescale);
-        scale_in_place(sg.data(), F * Dv, rescale);
-        scale_in_place(zg.data(), F, rescale);
+      if (fm.favor()) {
+        const float rescale = fm.keys(kh + j0 * k.stride(2), k.stride(2), r, phik.data(), top);
+        if (rescale != 1.f) {
+          scale_in_place(s, F * Dv, rescale);
+          scale_in_place(z, F, rescale);
+          scale_in_place(sg.data(), F * Dv, rescale);
+          scale_in_place(zg.data(), F, rescale);
+        }
+        std::fill(zc.begin(), zc.end(), 0.f);
+        for (int64_t j = 0; j < r; ++j) add_into(zc.data(), &phik[j * F], F);
+      } else {
+        elu1_rows_summed(kh + j0 * k.stride(2), k.stride(2), r, D, phik.data(), zc.data());
       }
-      std::fill(zc.begin(), zc.end(), 0.f);
-      for (int64_t j = 0; j < r; ++j) add_into(zc.data(), &phik[j * F], F);
-      // The chunk's phi(K_rows)^T (F, r) @ V_rows (r, Dv) (phi(K) read transposed), then
-      // added to the group's sums: three levels (kGroup), not one fp32 chain. V's rows are
-      // read where they lie. Between the tiles, the next chunk's K and V rows are
+      // The chunk's phi(K_rows)^T (F, r) @ V_rows (r, Dv) (phi(K) read transposed), added
+      // to the group's sums as the tiles store it (Into::kAdd): three levels (kGroup), not
+      // one fp32 chain. V's rows are read where they lie. Between the tiles, the next chunk's K and V rows are
       // prefetched: read in a burst after the tiles (K by phi, V by the tiles) they left
       // the FMA units idle. Prefetched, the whole elu forward at N = 8192 ran 1.14x
       // [1.04, 1.23] faster on the AMD EPYC host (results/2026-12-02-goals-amd-base against
@@ -235,13 +276,12 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       const int64_t next = std::min(kChunk, Nk - j0 - r);
       RowsPrefetch next_k(kh + (j0 + r) * k.stride(2), k.stride(2), D, next, tiles);
       RowsPrefetch next_v(vh + (j0 + r) * v.stride(2), v.stride(2), Dv, next, tiles);
-      pvt_product(F, Dv, phik.data(), F, vh + j0 * v.stride(2), v.stride(2), r, sc.data(), Dv,
-                  false, [&] {
+      pvt_product(F, Dv, phik.data(), F, vh + j0 * v.stride(2), v.stride(2), r, sg.data(), Dv,
+                  Into::kAdd, [&] {
                     next_k();
                     next_v();
                   });
       add_into(zg.data(), zc.data(), F);
-      add_into(sg.data(), sc.data(), F * Dv);
       if ((j0 / kChunk + 1) % kGroup == 0 || j0 + r == Nk) {  // the group joins S and z
         add_into(z, zg.data(), F);
         add_into(s, sg.data(), F * Dv);
@@ -285,7 +325,16 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
     const float* z = zsum.data_ptr<float>() + head * F;  // (F,)
     float* ob = out.data_ptr<float>() + ((n * Hq + h) * Nq + i0) * Dv;  // (m, Dv)
     fm.queries(qb + i0 * q.stride(2), q.stride(2), m, phiq.data());
-    features_product(m, phiq.data(), F, s, Dv, F, Dv, ot.data(), Dv, tmp.data());
+    // the next task's query rows are prefetched between the tiles, as linear_state's keys
+    const int64_t next = task + 1, next_b = next % nb, next_bh = next / nb;
+    RowsPrefetch next_q(next < hi ? q.data_ptr<float>() + (next_bh / Hq) * q.stride(0) +
+                                        (next_bh % Hq) * q.stride(1) +
+                                        next_b * kChunk * q.stride(2)
+                                  : qb,
+                        q.stride(2), D, next < hi ? std::min(kChunk, Nq - next_b * kChunk) : 0,
+                        tile_count(m, Dv / kPanel));
+    features_product(m, phiq.data(), F, s, Dv, F, Dv, ot.data(), Dv, tmp.data(),
+                     [&] { next_q(); });
     // phi > 0, so phi(Q_i) . z == 0 only if it underflowed (FAVOR+): then the numerator
     // is 0 too, as in the eager form (which divides by the smallest normal float)
     for (int64_t i = 0; i < m; ++i)
@@ -330,12 +379,11 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
               "linear_causal: prefix must be (B, Hkv, nc, F, Dv), zprefix (B, Hkv, nc, F) and "
               "tops (B, Hkv, nc), float32");
   std::vector<float> st(static_cast<size_t>(F * Dv)), z(static_cast<size_t>(F));
-  std::vector<float> sc(static_cast<size_t>(F * Dv)), zc(static_cast<size_t>(F));
+  std::vector<float> zc(static_cast<size_t>(F));
   std::vector<float> phiq(static_cast<size_t>(kChunk * F)), phik(static_cast<size_t>(kChunk * F));
   std::vector<float> panels(static_cast<size_t>(kChunk * F));  // phi(K_c) as (F, 16) panels
   std::vector<float> a(static_cast<size_t>(kChunk * kChunk));  // (C, C) masked scores
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv)), den(static_cast<size_t>(kChunk));
-  std::vector<float> inner(static_cast<size_t>(kChunk * Dv));  // the chunk's own keys' part
   std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
   const bool stream = streams(out.numel());
   for (int64_t head = lo; head < hi; ++head) {
@@ -371,18 +419,16 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
         den[i] += sum;
       }
       // summed apart from phi(Q_c) S and then added (two shorter fp32 chains than one)
-      pv_product(r, Dv, a.data(), kChunk, vh + c0 * v.stride(2), v.stride(2), r, inner.data(), Dv,
-                 false);
-      add_into(ot.data(), inner.data(), r * Dv);
+      pv_product(r, Dv, a.data(), kChunk, vh + c0 * v.stride(2), v.stride(2), r, ot.data(), Dv,
+                 Into::kAdd);
       // den > 0 (every row sees its own key) unless FAVOR+'s features underflowed: then the
       // numerator is 0 too, as in the eager form
       for (int64_t i = 0; i < r; ++i)
         scaled_store(&ot[i * Dv], oh + (c0 + i) * Dv, Dv, 1.f / std::max(den[i], FLT_MIN),
                      stream);
       // the chunk joins the state
-      pvt_product(F, Dv, phik.data(), F, vh + c0 * v.stride(2), v.stride(2), r, sc.data(), Dv,
-                  false);
-      add_into(st.data(), sc.data(), F * Dv);
+      pvt_product(F, Dv, phik.data(), F, vh + c0 * v.stride(2), v.stride(2), r, st.data(), Dv,
+                  Into::kAdd);
       add_into(z.data(), zc.data(), F);
       if (keep && h % G == 0) {
         const int64_t at = (n * Hkv + hk) * nc + c0 / kChunk;
@@ -489,7 +535,6 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
   const float* w = fm.favor() ? proj_rows.data_ptr<float>() : nullptr;  // (F, D)
   std::vector<float> st(static_cast<size_t>(Dv * F)), dst(static_cast<size_t>(Dv * F));
   std::vector<float> ds(static_cast<size_t>(F * Dv)), dz(static_cast<size_t>(F));
-  std::vector<float> sc(static_cast<size_t>(F * Dv));  // one chunk's phi(Q)^T dnum
   std::vector<float> sg(static_cast<size_t>(F * Dv)), zg(static_cast<size_t>(F));  // a group's
   std::vector<float> zc(static_cast<size_t>(F));  // one chunk's phi(Q)^T dden
   std::vector<float> phi(static_cast<size_t>(kChunk * F)), dphi(static_cast<size_t>(kChunk * F));
@@ -523,11 +568,10 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
           dden[i] = -dot(&dnum[i * Dv], ob + (i0 + i) * Dv, Dv);
         }
         // phi(Q)^T dnum: three-level sums
-        pvt_product(F, Dv, phi.data(), F, dnum.data(), Dv, r, sc.data(), Dv, false);
-        add_into(sg.data(), sc.data(), F * Dv);
+        pvt_product(F, Dv, phi.data(), F, dnum.data(), Dv, r, sg.data(), Dv, Into::kAdd);
         std::fill(zc.begin(), zc.end(), 0.f);
         // dnum S^T
-        pv_product(r, F, dnum.data(), Dv, st.data(), F, Dv, dphi.data(), F, false);
+        pv_product(r, F, dnum.data(), Dv, st.data(), F, Dv, dphi.data(), F, Into::kStore);
         for (int64_t i = 0; i < r; ++i) {
           const Vec c(dden[i]);
           for (int64_t f = 0; f < F; f += Vec::size()) {  // + dden z^T; the chunk's dden phi
@@ -559,7 +603,7 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
       features_product(r, phi.data(), F, ds.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());
       std::copy_n(gx.data(), r * Dv, dvb + j0 * Dv);
       pv_product(r, F, vb + j0 * v.stride(2), v.stride(2), dst.data(), F, Dv, dphi.data(), F,
-                 false);
+                 Into::kStore);
       for (int64_t i = 0; i < r; ++i) add_into(&dphi[i * F], dz.data(), F);
       through_features(fm, w, kb + j0 * k.stride(2), k.stride(2), r, true, dphi.data(),
                        phi.data(), gx.data(), tmp.data());
@@ -678,9 +722,9 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
           std::fill(row + i + 1, row + rp, 0.f);
         }
         // dphi(Q_c) = dA phi(K_c) + dnum S_<c^T
-        pv_product(r, F, da.data(), kChunk, fk.data(), F, r, dfq.data(), F, false);
-        pv_product(r, F, dnum.data(), Dv, spt.data(), F, Dv, ts.data(), F, false);
-        add_into(dfq.data(), ts.data(), r * F);  // two chains summed apart, then added
+        pv_product(r, F, da.data(), kChunk, fk.data(), F, r, dfq.data(), F, Into::kStore);
+        // two chains summed apart, then added
+        pv_product(r, F, dnum.data(), Dv, spt.data(), F, Dv, dfq.data(), F, Into::kAdd);
         for (int64_t i = 0; i < r; ++i) {  // + dden z_<c^T; gz's share: phi(Q)^T dden
           const Vec cd(dden[i]);
           for (int64_t f = 0; f < F; f += Vec::size()) {
@@ -689,17 +733,18 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
           }
         }
         // dphi(K_c) += dA^T phi(Q_c)
-        pvt_product(r, F, da.data(), kChunk, fq.data(), F, r, dfk.data(), F, true);
+        pvt_product(r, F, da.data(), kChunk, fq.data(), F, r, dfk.data(), F, Into::kChain);
         // dV_c += A^T dnum; G's share
-        pvt_product(r, Dv, a.data(), kChunk, dnum.data(), Dv, r, dvc.data(), Dv, true);
-        pvt_product(F, Dv, fq.data(), F, dnum.data(), Dv, r, tg.data(), Dv, true);
+        pvt_product(r, Dv, a.data(), kChunk, dnum.data(), Dv, r, dvc.data(), Dv, Into::kChain);
+        pvt_product(F, Dv, fq.data(), F, dnum.data(), Dv, r, tg.data(), Dv, Into::kChain);
         through_features(fm, w, qb + c0 * q.stride(2), q.stride(2), r, false, dfq.data(),
                          fq.data(), gx.data(), tmp.data());
         std::copy_n(gx.data(), r * D, dq.data_ptr<float>() + (qh * N + c0) * D);
       }
       // what the later chunks send back: dphi(K_c) += V_c G^T + gz, dV_c += phi(K_c) G
       // (each summed apart from the chunk's own terms, then added)
-      pv_product(r, F, vb + c0 * v.stride(2), v.stride(2), gt.data(), F, Dv, ts.data(), F, false);
+      pv_product(r, F, vb + c0 * v.stride(2), v.stride(2), gt.data(), F, Dv, ts.data(), F,
+                 Into::kStore);
       for (int64_t j = 0; j < r; ++j) add_into(&ts[j * F], gz.data(), F);
       add_into(dfk.data(), ts.data(), r * F);
       features_product(r, fk.data(), F, g.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());

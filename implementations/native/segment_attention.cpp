@@ -154,7 +154,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
   };
 
   const bool stream = streams(out.numel());  // the output's rows: see scaled_store
-  auto run_block = [&](int64_t task, float* s, float* inv, float* ot, float* run) {
+  auto run_block = [&](int64_t task, float* s, float* inv, float* ot) {
     const int64_t b = task % nb, bh = task / nb;
     const int64_t h = bh % Hq, n = bh / Hq, hk = h / G;
     const int64_t i0 = b * block, m = std::min(block, Nq - i0);
@@ -229,9 +229,8 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
         // 3.22e-7 to 2.72e-7 at N = 1024, below the eager path's 2.86e-7)
         for (int64_t j0 = 0; j0 < segs[t].len; j0 += kSumRun) {
           const int64_t len = std::min(kSumRun, segs[t].len - j0);
-          float* dst = first && j0 == 0 ? ot : run;
-          pv_product(m, Dv, ps + j0, w, vseg + j0 * vs2, vs2, len, dst, Dv, false);
-          if (dst == run) add_into(ot, run, m * Dv);
+          const Into into = first && j0 == 0 ? Into::kStore : Into::kAdd;
+          pv_product(m, Dv, ps + j0, w, vseg + j0 * vs2, vs2, len, ot, Dv, into);
         }
       }
       first = false;
@@ -242,9 +241,8 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<float> scores(static_cast<size_t>(block * std::max<int64_t>(wmax, 1)));
   std::vector<float> inv(static_cast<size_t>(block));
   std::vector<float> ot(static_cast<size_t>(block * Dv));  // (block, Dv)
-  std::vector<float> run(static_cast<size_t>(block * Dv));  // one run of keys' P V
   for (int64_t task = task_lo; task < task_hi; ++task)
-    run_block(task, scores.data(), inv.data(), ot.data(), run.data());
+    run_block(task, scores.data(), inv.data(), ot.data());
   if (stream) _mm_sfence();
 }
 

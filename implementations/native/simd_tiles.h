@@ -133,6 +133,11 @@ inline void scaled_store(const float* x, float* y, int64_t n, float s, bool stre
 // sgemm 122-125 (scratch microbenchmark, Q K^T and P V at 48 x 64 x 288).
 constexpr int64_t kPanel = 16;
 
+// Where a product's tiles put their sums: kStore overwrites the output, kChain continues
+// the output's values (one FMA chain over both reductions), kAdd adds its own chain to them
+// (o + sum: one more level of the sum, without a buffer for the product in between).
+enum class Into { kStore, kChain, kAdd };
+
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int64_t kRows = 4;  // rows per full tile
 constexpr int kPanels = 4;  // panels per full tile
@@ -158,15 +163,16 @@ ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panels, int
       _mm512_storeu_ps(s + r * lds + x * kPanel, _mm512_mul_ps(c[r][x], va));
 }
 
-// O[r, 0:16P] (+)= sum_j P[r, j] * V[j, 0:16P], r < R. P is row-major (row stride ldp) or,
-// with Transposed, given as P^T (element (r, j) at p[j * ldp + r]).
+// O[r, 0:16P] (+)= sum_j P[r, j] * V[j, 0:16P], r < R, as `into` says. P is row-major (row
+// stride ldp) or, with Transposed, given as P^T (element (r, j) at p[j * ldp + r]).
 template <int R, int P, bool Transposed>
 ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
-                            float* o, int64_t ldo, bool accumulate) {
+                            float* o, int64_t ldo, Into into) {
   __m512 c[R][P];
   for (int r = 0; r < R; ++r)
     for (int x = 0; x < P; ++x)
-      c[r][x] = accumulate ? _mm512_loadu_ps(o + r * ldo + x * kPanel) : _mm512_setzero_ps();
+      c[r][x] = into == Into::kChain ? _mm512_loadu_ps(o + r * ldo + x * kPanel)
+                                     : _mm512_setzero_ps();
   for (int64_t j = 0; j < K; ++j) {
     __m512 b[P];
     for (int x = 0; x < P; ++x) b[x] = _mm512_loadu_ps(v + j * vs + x * kPanel);
@@ -175,6 +181,10 @@ ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t
       for (int x = 0; x < P; ++x) c[r][x] = _mm512_fmadd_ps(a, b[x], c[r][x]);
     }
   }
+  if (into == Into::kAdd)
+    for (int r = 0; r < R; ++r)
+      for (int x = 0; x < P; ++x)
+        c[r][x] = _mm512_add_ps(_mm512_loadu_ps(o + r * ldo + x * kPanel), c[r][x]);
   for (int r = 0; r < R; ++r)
     for (int x = 0; x < P; ++x) _mm512_storeu_ps(o + r * ldo + x * kPanel, c[r][x]);
 }
@@ -205,18 +215,19 @@ ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panels, int
   }
 }
 
-// O[r, 0:16] (+)= sum_j P[r, j] * V[j, 0:16], r < R (P = 1 only). P is row-major (row
-// stride ldp) or, with Transposed, given as P^T (element (r, j) at p[j * ldp + r]). The
+// O[r, 0:16] (+)= sum_j P[r, j] * V[j, 0:16], r < R (P = 1 only), as `into` says. P is
+// row-major (row stride ldp) or, with Transposed, given as P^T (element (r, j) at
+// p[j * ldp + r]). The
 // offsets stay compile-time constants: with both strides as runtime values the loop ran
 // at half speed.
 template <int R, int P, bool Transposed>
 ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
-                            float* o, int64_t ldo, bool accumulate) {
+                            float* o, int64_t ldo, Into into) {
   static_assert(P == 1, "the AVX2 tiles are one panel wide");
   __m256 c0[R], c1[R];
   for (int r = 0; r < R; ++r) {
-    c0[r] = accumulate ? _mm256_loadu_ps(o + r * ldo) : _mm256_setzero_ps();
-    c1[r] = accumulate ? _mm256_loadu_ps(o + r * ldo + 8) : _mm256_setzero_ps();
+    c0[r] = into == Into::kChain ? _mm256_loadu_ps(o + r * ldo) : _mm256_setzero_ps();
+    c1[r] = into == Into::kChain ? _mm256_loadu_ps(o + r * ldo + 8) : _mm256_setzero_ps();
   }
   for (int64_t j = 0; j < K; ++j) {
     const __m256 b0 = _mm256_loadu_ps(v + j * vs);
@@ -227,6 +238,11 @@ ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t
       c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
     }
   }
+  if (into == Into::kAdd)
+    for (int r = 0; r < R; ++r) {
+      c0[r] = _mm256_add_ps(_mm256_loadu_ps(o + r * ldo), c0[r]);
+      c1[r] = _mm256_add_ps(_mm256_loadu_ps(o + r * ldo + 8), c1[r]);
+    }
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(o + r * ldo, c0[r]);
     _mm256_storeu_ps(o + r * ldo + 8, c1[r]);
@@ -337,9 +353,9 @@ template <int R, int P>
 struct PVTile {
   static ATTNBENCH_TILE void run(int64_t i, int64_t col, const float* p, int64_t ldp,
                                  const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
-                                 bool accumulate) {
+                                 Into into) {
     pv_tile<R, P, false>(p + i * ldp, ldp, v + col * kPanel, vs, K, o + i * ldo + col * kPanel,
-                         ldo, accumulate);
+                         ldo, into);
   }
 };
 
@@ -347,9 +363,9 @@ template <int R, int P>
 struct PVTTile {  // P given transposed: rows of the product are columns of p
   static ATTNBENCH_TILE void run(int64_t i, int64_t col, const float* pt, int64_t ldp,
                                  const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
-                                 bool accumulate) {
+                                 Into into) {
     pv_tile<R, P, true>(pt + i, ldp, v + col * kPanel, vs, K, o + i * ldo + col * kPanel, ldo,
-                        accumulate);
+                        into);
   }
 };
 
@@ -362,20 +378,20 @@ ATTNBENCH_TILE void qk_product(int64_t m, int64_t n, const float* q, int64_t qs,
   for_tiles<QKTile>(between, m, n / kPanel, q, qs, panels, D, alpha, s, lds);
 }
 
-// O (m, n) (+)= P (m, K) V (K, n), n a multiple of 16; V's rows vs apart.
+// O (m, n) (+)= P (m, K) V (K, n) as `into` says, n a multiple of 16; V's rows vs apart.
 template <typename Hook = NoHook>
 ATTNBENCH_TILE void pv_product(int64_t m, int64_t n, const float* p, int64_t ldp,
                                const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
-                               bool accumulate, Hook between = {}) {
-  for_tiles<PVTile>(between, m, n / kPanel, p, ldp, v, vs, K, o, ldo, accumulate);
+                               Into into, Hook between = {}) {
+  for_tiles<PVTile>(between, m, n / kPanel, p, ldp, v, vs, K, o, ldo, into);
 }
 
 // O (m, n) (+)= P (m, K) V (K, n) with P given as P^T (K, m), row stride ldp.
 template <typename Hook = NoHook>
 ATTNBENCH_TILE void pvt_product(int64_t m, int64_t n, const float* pt, int64_t ldp,
                                 const float* v, int64_t vs, int64_t K, float* o, int64_t ldo,
-                                bool accumulate, Hook between = {}) {
-  for_tiles<PVTTile>(between, m, n / kPanel, pt, ldp, v, vs, K, o, ldo, accumulate);
+                                Into into, Hook between = {}) {
+  for_tiles<PVTTile>(between, m, n / kPanel, pt, ldp, v, vs, K, o, ldo, into);
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
