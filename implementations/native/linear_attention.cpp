@@ -187,6 +187,19 @@ struct FeatureMap {
     exp_shift(dst, r * F, top);
     return rescale;
   }
+
+  // keys(), and the r rows' sum into zc (F,); elu's while phi is in registers.
+  float keys_summed(const float* x, int64_t xs, int64_t r, float* dst, float& top,
+                    float* zc) const {
+    if (!favor()) {
+      elu1_rows_summed(x, xs, r, D, dst, zc);
+      return 1.f;
+    }
+    const float rescale = keys(x, xs, r, dst, top);
+    std::fill(zc, zc + F, 0.f);
+    for (int64_t j = 0; j < r; ++j) add_into(zc, dst + j * F, F);
+    return rescale;
+  }
 };
 
 // phi of r key rows at a given shift (the forward's final one; FAVOR+), into dst (r, F).
@@ -253,18 +266,13 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
     float top = -INFINITY;  // FAVOR+'s key shift so far
     for (int64_t j0 = 0; j0 < Nk; j0 += kChunk) {
       const int64_t r = std::min(kChunk, Nk - j0);
-      if (fm.favor()) {
-        const float rescale = fm.keys(kh + j0 * k.stride(2), k.stride(2), r, phik.data(), top);
-        if (rescale != 1.f) {
-          scale_in_place(s, F * Dv, rescale);
-          scale_in_place(z, F, rescale);
-          scale_in_place(sg.data(), F * Dv, rescale);
-          scale_in_place(zg.data(), F, rescale);
-        }
-        std::fill(zc.begin(), zc.end(), 0.f);
-        for (int64_t j = 0; j < r; ++j) add_into(zc.data(), &phik[j * F], F);
-      } else {
-        elu1_rows_summed(kh + j0 * k.stride(2), k.stride(2), r, D, phik.data(), zc.data());
+      const float rescale =
+          fm.keys_summed(kh + j0 * k.stride(2), k.stride(2), r, phik.data(), top, zc.data());
+      if (rescale != 1.f) {
+        scale_in_place(s, F * Dv, rescale);
+        scale_in_place(z, F, rescale);
+        scale_in_place(sg.data(), F * Dv, rescale);
+        scale_in_place(zg.data(), F, rescale);
       }
       // The chunk's phi(K_rows)^T (F, r) @ V_rows (r, Dv) (phi(K) read transposed), added
       // to the group's sums as the tiles store it (Into::kAdd): three levels (kGroup), not
@@ -398,13 +406,12 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
     for (int64_t c0 = 0; c0 < N; c0 += kChunk) {
       const int64_t r = std::min(kChunk, N - c0), rp = ceil_to(r, kPanel);
       fm.queries(qh + c0 * q.stride(2), q.stride(2), r, phiq.data());
-      const float rescale = fm.keys(kh + c0 * k.stride(2), k.stride(2), r, phik.data(), top);
+      const float rescale =
+          fm.keys_summed(kh + c0 * k.stride(2), k.stride(2), r, phik.data(), top, zc.data());
       if (rescale != 1.f) {  // the earlier keys' sums, to this chunk's shift
         scale_in_place(st.data(), F * Dv, rescale);
         scale_in_place(z.data(), F, rescale);
       }
-      std::fill(zc.begin(), zc.end(), 0.f);
-      for (int64_t i = 0; i < r; ++i) add_into(zc.data(), &phik[i * F], F);
       pack_keys(phik.data(), F, F, r, 0, rp, panels.data());  // rows r..rp-1 zero
       // the keys before the chunk: phi(Q_c) S and phi(Q_c) . z
       features_product(r, phiq.data(), F, st.data(), Dv, F, Dv, ot.data(), Dv, tmp.data());
