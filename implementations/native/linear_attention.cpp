@@ -276,11 +276,12 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       }
       // The chunk's phi(K_rows)^T (F, r) @ V_rows (r, Dv) (phi(K) read transposed), added
       // to the group's sums as the tiles store it (Into::kAdd): three levels (kGroup), not
-      // one fp32 chain. V's rows are read where they lie. Between the tiles, the next chunk's K and V rows are
-      // prefetched: read in a burst after the tiles (K by phi, V by the tiles) they left
-      // the FMA units idle. Prefetched, the whole elu forward at N = 8192 ran 1.14x
-      // [1.04, 1.23] faster on the AMD EPYC host (results/2026-12-02-goals-amd-base against
-      // -goals-amd-pf-r1, -r2, -r4, all samples pooled; bootstrap).
+      // one fp32 chain. V's rows are read where they lie. Between the tiles, the next
+      // chunk's K and V rows are prefetched: read in a burst after the tiles (K by phi, V by
+      // the tiles) they left the FMA units idle. Prefetched, the whole elu forward at
+      // N = 8192 ran 1.14x [1.04, 1.23] faster on the AMD EPYC host
+      // (results/2026-12-02-goals-amd-base against -goals-amd-pf-r1, -r2, -r4, all samples
+      // pooled; bootstrap).
       const int64_t next = std::min(kChunk, Nk - j0 - r);
       RowsPrefetch next_k(kh + (j0 + r) * k.stride(2), k.stride(2), D, next, tiles);
       RowsPrefetch next_v(vh + (j0 + r) * v.stride(2), v.stride(2), Dv, next, tiles);
