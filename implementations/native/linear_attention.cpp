@@ -66,9 +66,44 @@ constexpr int64_t kChunk = 64;  // rows of phi per step
 // whose matmuls block their sums about so.
 constexpr int64_t kGroup = 16;
 
+#if defined(CPU_CAPABILITY_AVX512)
+// exp(min(x, 0)) of 16 floats: 2^(n/16) from a 16-entry table (one register permute) times
+// a degree-3 polynomial on |r| <= ln2/32, scaled by 2^floor(n/16) with vscalefps (which
+// also gives the denormals, and 0 below -103.3); x below -104 is taken as -104, NaN stays
+// NaN. On AVX-512 every vector op shares ports 0 and 5 with the tiles' FMAs, so phi's cost
+// is the count of its exp's ops: 13 here, about 19 in exp_u20. Against float64 its error
+// was at most 1.7e-7 relative over [-104, 0] (3 million points; exp_u20: up to 20 ulp).
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 xm =
+      _mm512_max_ps(_mm512_set1_ps(-104.f), _mm512_min_ps(_mm512_setzero_ps(), x));
+  const __m512 magic = _mm512_set1_ps(12582912.f);  // 1.5 * 2^23: s - magic = round(t)
+  const __m512 s = _mm512_fmadd_ps(xm, _mm512_set1_ps(23.083120654223414f), magic);  // 16/ln2
+  const __m512 n = _mm512_sub_ps(s, magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.043321698904037476f), xm);  // ln2/16, hi
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-1.1904088825787085e-10f), r);  // and lo
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.f / 6.f), r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));  // exp(r), |r| <= ln2/32
+  const __m512 two_j16 = _mm512_setr_ps(  // 2^(j/16), j = 0..15
+      1.0f, 1.0442737340927124f, 1.0905077457427979f, 1.1387885808944702f,
+      1.1892070770263672f, 1.2418577671051025f, 1.2968395948410034f, 1.3542555570602417f,
+      1.4142135381698608f, 1.4768261909484863f, 1.5422108173370361f, 1.610490322113037f,
+      1.6817928552627563f, 1.7562521696090698f, 1.8340080976486206f, 1.9152065515518188f);
+  // the permute reads the low 4 bits of s, those of n: 2^((n mod 16) / 16)
+  const __m512 t = _mm512_permutexvar_ps(_mm512_castps_si512(s), two_j16);
+  return _mm512_scalef_ps(_mm512_mul_ps(t, p), _mm512_mul_ps(n, _mm512_set1_ps(1.f / 16.f)));
+}
+
+inline Vec elu1(const Vec& x) {  // elu(x) + 1: x + 1 where x > 0, else exp(x)
+  const __m512 v = x;
+  const __mmask16 positive = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
+  return _mm512_mask_add_ps(exp_nonpositive(v), positive, v, _mm512_set1_ps(1.f));
+}
+#else
 inline Vec elu1(const Vec& x) {  // elu(x) + 1: x + 1 where x > 0, else exp(x)
   return Vec::blendv(x.exp_u20(), x + Vec(1.f), x > Vec(0.f));
 }
+#endif
 
 // dst[0:n] = phi(src[0:n]), vectorized with a scalar tail.
 inline void elu1_row(const float* src, float* dst, int64_t n) {
