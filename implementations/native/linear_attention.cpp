@@ -41,7 +41,8 @@
 // work around the tiles cost as much as the exp. The keys' sum z is now taken while phi is
 // in registers, and the chunk's product is added to the group's sums as the tiles store it
 // (no buffer written and read back); both give the same sums in the same order, so the
-// results are bitwise unchanged.
+// results are bitwise unchanged. The AVX-512 build's phi then takes a leaner exp
+// (exp_nonpositive below); the AVX2 build keeps exp_u20.
 //
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
 // hands the ranges to the CPU threads. Dv and FAVOR+'s m must be multiples of 16 (the

@@ -217,9 +217,8 @@ ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panels, int
 
 // O[r, 0:16] (+)= sum_j P[r, j] * V[j, 0:16], r < R (P = 1 only), as `into` says. P is
 // row-major (row stride ldp) or, with Transposed, given as P^T (element (r, j) at
-// p[j * ldp + r]). The
-// offsets stay compile-time constants: with both strides as runtime values the loop ran
-// at half speed.
+// p[j * ldp + r]). The offsets stay compile-time constants: with both strides as runtime
+// values the loop ran at half speed.
 template <int R, int P, bool Transposed>
 ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t vs, int64_t K,
                             float* o, int64_t ldo, Into into) {
