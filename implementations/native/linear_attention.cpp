@@ -67,6 +67,8 @@ constexpr int64_t kChunk = 64;  // rows of phi per step
 // whose matmuls block their sums about so.
 constexpr int64_t kGroup = 16;
 
+inline float elu1(float x) { return x > 0.f ? x + 1.f : std::exp(x); }  // the scalar tails'
+
 #if defined(CPU_CAPABILITY_AVX512)
 // exp(min(x, 0)) of 16 floats: 2^(n/16) from a 16-entry table (one register permute) times
 // a degree-3 polynomial on |r| <= ln2/32, scaled by 2^floor(n/16) with vscalefps (which
@@ -113,7 +115,7 @@ inline Vec elu1(const Vec& x) {  // elu(x) + 1: x + 1 where x > 0, else exp(x)
 inline void elu1_row(const float* src, float* dst, int64_t n) {
   int64_t d = 0;
   for (; d + Vec::size() <= n; d += Vec::size()) elu1(Vec::loadu(src + d)).store(dst + d);
-  for (; d < n; ++d) dst[d] = src[d] > 0.f ? src[d] + 1.f : std::exp(src[d]);
+  for (; d < n; ++d) dst[d] = elu1(src[d]);
 }
 
 // phi of r key rows (row stride xs) into dst (r, D), and their sum over the rows into
@@ -134,8 +136,7 @@ inline void elu1_rows_summed(const float* x, int64_t xs, int64_t r, int64_t D, f
   for (; d < D; ++d) {
     float acc = 0.f;
     for (int64_t i = 0; i < r; ++i) {
-      const float xi = x[i * xs + d];
-      dst[i * D + d] = xi > 0.f ? xi + 1.f : std::exp(xi);
+      dst[i * D + d] = elu1(x[i * xs + d]);
       acc += dst[i * D + d];
     }
     zc[d] = acc;
@@ -164,23 +165,16 @@ inline void exp_shift(float* x, int64_t n, float mx) {
 // O (m x cols, row stride ldo) = P (m x K) @ V (K x cols), K the features: the sum goes in
 // slices of kSlice features, each its own tile chain, added after (as MKL blocks its sums).
 // One chain over FAVOR+'s 256 features read 7% further from float64 than the eager path's
-// matmul. tmp: m x cols scratch. `between`: the first slice's tile hook (simd_tiles.h).
+// matmul. Each slice after the first is added to O as its tiles store it (Into::kAdd).
+// `between`: the tiles' hook (simd_tiles.h).
 constexpr int64_t kSlice = 64;
 template <typename Hook = NoHook>
 inline void features_product(int64_t m, const float* p, int64_t ldp, const float* v, int64_t vs,
-                             int64_t K, int64_t cols, float* o, int64_t ldo, float* tmp,
+                             int64_t K, int64_t cols, float* o, int64_t ldo,
                              Hook between = {}) {
-  for (int64_t k0 = 0; k0 < K; k0 += kSlice) {
-    const int64_t kn = std::min(kSlice, K - k0);
-    float* dst = k0 == 0 ? o : tmp;
-    const int64_t ld = k0 == 0 ? ldo : cols;
-    if (k0 == 0)
-      pv_product(m, cols, p, ldp, v, vs, kn, dst, ld, Into::kStore, between);
-    else
-      pv_product(m, cols, p + k0, ldp, v + k0 * vs, vs, kn, dst, ld, Into::kStore);
-    if (k0 > 0)
-      for (int64_t i = 0; i < m; ++i) add_into(o + i * ldo, tmp + i * cols, cols);
-  }
+  for (int64_t k0 = 0; k0 < K; k0 += kSlice)
+    pv_product(m, cols, p + k0, ldp, v + k0 * vs, vs, std::min(kSlice, K - k0), o, ldo,
+               k0 == 0 ? Into::kStore : Into::kAdd, between);
 }
 
 // The feature map: elu + 1 (panels == nullptr, F = D) or FAVOR+ with m = F features, whose
@@ -361,7 +355,6 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
   // The block's phi(Q) S goes to a buffer in L1 and is scaled into `out` in one pass: the
   // tiles storing straight into `out` (fresh lines each block) ran at half their speed.
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv));  // (kChunk, Dv)
-  std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
   // streamed stores made the whole linear forward 1.073x [1.02, 1.13] faster at N = 8192
   // (results/2026-12-02-goals-avx512-r* against -avx512-nt-r*, all samples pooled)
   const bool stream = streams(out.numel());
@@ -381,8 +374,7 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
                                   : qb,
                         q.stride(2), D, next < hi ? std::min(kChunk, Nq - next_b * kChunk) : 0,
                         tile_count(m, Dv / kPanel));
-    features_product(m, phiq.data(), F, s, Dv, F, Dv, ot.data(), Dv, tmp.data(),
-                     [&] { next_q(); });
+    features_product(m, phiq.data(), F, s, Dv, F, Dv, ot.data(), Dv, [&] { next_q(); });
     // phi > 0, so phi(Q_i) . z == 0 only if it underflowed (FAVOR+): then the numerator
     // is 0 too, as in the eager form (which divides by the smallest normal float)
     for (int64_t i = 0; i < m; ++i)
@@ -432,7 +424,6 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
   std::vector<float> panels(static_cast<size_t>(kChunk * F));  // phi(K_c) as (F, 16) panels
   std::vector<float> a(static_cast<size_t>(kChunk * kChunk));  // (C, C) masked scores
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv)), den(static_cast<size_t>(kChunk));
-  std::vector<float> tmp(static_cast<size_t>(kChunk * Dv));
   const bool stream = streams(out.numel());
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hq, h = head % Hq, hk = h / G;
@@ -454,7 +445,7 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
       }
       pack_keys(phik.data(), F, F, r, 0, rp, panels.data());  // rows r..rp-1 zero
       // the keys before the chunk: phi(Q_c) S and phi(Q_c) . z
-      features_product(r, phiq.data(), F, st.data(), Dv, F, Dv, ot.data(), Dv, tmp.data());
+      features_product(r, phiq.data(), F, st.data(), Dv, F, Dv, ot.data(), Dv);
       for (int64_t i = 0; i < r; ++i) den[i] = dot(&phiq[i * F], z.data(), F);
       // inside the chunk: row i sees keys 0..i
       qk_product(r, rp, phiq.data(), F, panels.data(), F, 1.f, a.data(), kChunk);
@@ -492,8 +483,7 @@ void linear_causal(const torch::Tensor& q, const torch::Tensor& k, const torch::
 // elu + 1: dphi * min(phi, 1) (phi' = exp(min(x, 0))); FAVOR+: da = dphi * phi, dx = da W'
 // with W' = w (F, D) rows, keys also - 2 h x rowsum(da) (the shifts cancel: no term).
 inline void through_features(const FeatureMap& fm, const float* w, const float* x, int64_t xs,
-                             int64_t r, bool keys, float* dphi, const float* phi, float* gx,
-                             float* tmp) {
+                             int64_t r, bool keys, float* dphi, const float* phi, float* gx) {
   const int64_t D = fm.D, F = fm.F;
   if (!fm.favor()) {
     for (int64_t i = 0; i < r; ++i)
@@ -504,7 +494,7 @@ inline void through_features(const FeatureMap& fm, const float* w, const float* 
   }
   for (int64_t i = 0; i < r * F; i += Vec::size())
     (Vec::loadu(dphi + i) * Vec::loadu(phi + i)).store(dphi + i);
-  features_product(r, dphi, F, w, D, F, D, gx, D, tmp);
+  features_product(r, dphi, F, w, D, F, D, gx, D);
   if (keys)
     for (int64_t i = 0; i < r; ++i) {
       float rs = 0.f;
@@ -587,7 +577,6 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
   std::vector<float> phi(static_cast<size_t>(kChunk * F)), dphi(static_cast<size_t>(kChunk * F));
   std::vector<float> dnum(static_cast<size_t>(kChunk * Dv)), dden(static_cast<size_t>(kChunk));
   std::vector<float> gx(static_cast<size_t>(kChunk * std::max(D, Dv)));  // a chunk's dx or dv
-  std::vector<float> tmp(static_cast<size_t>(kChunk * std::max(D, Dv)));
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hkv, hk = head % Hkv;
     const float* s = state.data_ptr<float>() + head * F * Dv;  // (F, Dv)
@@ -634,7 +623,7 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
           std::fill(zg.begin(), zg.end(), 0.f);
         }
         through_features(fm, w, qb + i0 * q.stride(2), q.stride(2), r, false, dphi.data(),
-                         phi.data(), gx.data(), tmp.data());
+                         phi.data(), gx.data());
         std::copy_n(gx.data(), r * D, dqb + i0 * D);
       }
     }
@@ -647,13 +636,13 @@ void linear_backward(const torch::Tensor& q, const torch::Tensor& k, const torch
     for (int64_t j0 = 0; j0 < Nk; j0 += kChunk) {
       const int64_t r = std::min(kChunk, Nk - j0);
       keys_at(fm, kb + j0 * k.stride(2), k.stride(2), r, phi.data(), top);
-      features_product(r, phi.data(), F, ds.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());
+      features_product(r, phi.data(), F, ds.data(), Dv, F, Dv, gx.data(), Dv);
       std::copy_n(gx.data(), r * Dv, dvb + j0 * Dv);
       pv_product(r, F, vb + j0 * v.stride(2), v.stride(2), dst.data(), F, Dv, dphi.data(), F,
                  Into::kStore);
       for (int64_t i = 0; i < r; ++i) add_into(&dphi[i * F], dz.data(), F);
       through_features(fm, w, kb + j0 * k.stride(2), k.stride(2), r, true, dphi.data(),
-                       phi.data(), gx.data(), tmp.data());
+                       phi.data(), gx.data());
       std::copy_n(gx.data(), r * D, dkb + j0 * D);
     }
   }
@@ -713,7 +702,6 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<float> dfq = buf(kChunk * F), dfk = buf(kChunk * F), dvc = buf(kChunk * Dv);
   std::vector<float> ts = buf(kChunk * F);  // terms through the states, before they are added
   std::vector<float> gx = buf(kChunk * std::max(D, Dv));
-  std::vector<float> tmp = buf(kChunk * std::max(D, Dv));
   for (int64_t head = lo; head < hi; ++head) {
     const int64_t n = head / Hkv, hk = head % Hkv;
     const float* kb = k.data_ptr<float>() + n * k.stride(0) + hk * k.stride(1);
@@ -785,7 +773,7 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
         pvt_product(r, Dv, a.data(), kChunk, dnum.data(), Dv, r, dvc.data(), Dv, Into::kChain);
         pvt_product(F, Dv, fq.data(), F, dnum.data(), Dv, r, tg.data(), Dv, Into::kChain);
         through_features(fm, w, qb + c0 * q.stride(2), q.stride(2), r, false, dfq.data(),
-                         fq.data(), gx.data(), tmp.data());
+                         fq.data(), gx.data());
         std::copy_n(gx.data(), r * D, dq.data_ptr<float>() + (qh * N + c0) * D);
       }
       // what the later chunks send back: dphi(K_c) += V_c G^T + gz, dV_c += phi(K_c) G
@@ -794,11 +782,11 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
                  Into::kStore);
       for (int64_t j = 0; j < r; ++j) add_into(&ts[j * F], gz.data(), F);
       add_into(dfk.data(), ts.data(), r * F);
-      features_product(r, fk.data(), F, g.data(), Dv, F, Dv, gx.data(), Dv, tmp.data());
+      features_product(r, fk.data(), F, g.data(), Dv, F, Dv, gx.data(), Dv);
       add_into(dvc.data(), gx.data(), r * Dv);
       std::copy_n(dvc.data(), r * Dv, dvb + c0 * Dv);
       through_features(fm, w, kb + c0 * k.stride(2), k.stride(2), r, true, dfk.data(),
-                       fk.data(), gx.data(), tmp.data());
+                       fk.data(), gx.data());
       std::copy_n(gx.data(), r * D, dkb + c0 * D);
       if (c > 0) {  // G for chunk c - 1: this chunk's share joins, at the earlier shift
         const float scale = std::exp(tp[c - 1] - tp[c]);
