@@ -9,10 +9,11 @@ K and V rows in place (no gather, no padding) and keeps each block's scores in c
 between its two products (register tiles; MKL's sgemm when Dv is not a multiple of 16)
 and the softmax.
 
-The fused path runs the fp32 CPU forward without autograd (``fwd`` mode), where the blocked
-eager path is bounded by its separate small ops. Everything else (fp16/bf16, CUDA, the
-forward that saves P for the explicit backward) stays on the eager path. Which one ran is
-in a record's ``kernel``.
+The fused path runs the fp32 CPU forward, where the blocked eager path is bounded by its
+separate small ops, and under autograd its backward too (``FusedSegmentAttention``: the
+forward keeps each row's max and 1 / sum, the backward recomputes P block by block) where
+both head dims are multiples of 16. Everything else (fp16/bf16, CUDA, other head dims
+under autograd) stays on the eager path. Which one ran is in a record's ``kernel``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from attnbench.implementations import _native
 from attnbench.implementations._cpu_threads import split_work
@@ -106,35 +108,101 @@ def kernel_status() -> tuple[bool, str]:
     return module is not None, reason
 
 
-def fused_applies(device, dtype: torch.dtype, needs_grad: bool) -> bool:
-    """The cases the fused forward runs: fp32 on a CPU, without autograd."""
-    return _native.applies(KERNEL, device, dtype, needs_grad)
+PANEL = 16  # the backward's tiles: both head dims a multiple of it
 
 
-def fused_forward(q, k, v, plan: SegmentPlan, scale: float) -> torch.Tensor:
-    """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv) fp32 CPU -> (B, Hq, Nq, Dv).
+def grad_fits(head_dim: int, head_dim_v: int) -> bool:
+    """Whether the kernel's backward runs these head dims (its dq and dk come out of the
+    same 16-wide tiles as dv)."""
+    return head_dim % PANEL == 0 and head_dim_v % PANEL == 0
+
+
+def fused_applies(device, dtype: torch.dtype, needs_grad: bool, head_dim: int,
+                  head_dim_v: int) -> bool:
+    """The cases the fused kernels run: fp32 on a CPU; under autograd, head dims the
+    backward fits."""
+    return ((not needs_grad or grad_fits(head_dim, head_dim_v))
+            and _native.applies(KERNEL, device, dtype, needs_grad=False))
+
+
+def _module():
+    module, reason = _native.load(KERNEL)
+    if module is None:
+        raise RuntimeError(f"the fused segment kernel is unavailable: {reason}")
+    return module
+
+
+def fused_forward(q, k, v, plan: SegmentPlan, scale: float,
+                  stats: torch.Tensor | None = None) -> torch.Tensor:
+    """q (B, Hq, Nq, D); k (B, Hkv, Nk, D); v (B, Hkv, Nk, Dv) fp32 CPU -> (B, Hq, Nq, Dv);
+    each row's score max and 1 / sum into ``stats`` (B, Hq, Nq, 2) where given (0, 0: the
+    row sees no key).
 
     The (batch, query head, query block) tasks are shared out over the CPU threads in
     pieces (``split_work``); the kernel releases the GIL.
     """
-    module, reason = _native.load(KERNEL)
-    if module is None:
-        raise RuntimeError(f"the fused segment kernel is unavailable: {reason}")
+    run = _module().segment_attention_forward
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     B, Hq, Nq, _ = q.shape
     out = q.new_empty(B, Hq, Nq, v.shape[-1])  # (B, Hq, Nq, Dv)
-    run = module.segment_attention_forward
+    stats = q.new_empty(0) if stats is None else stats
 
     def work(lo: int, hi: int) -> None:
-        run(q, k, v, out, plan.ptr, plan.start, plan.length, plan.block, plan.lo_off,
+        run(q, k, v, out, stats, plan.ptr, plan.start, plan.length, plan.block, plan.lo_off,
             plan.hi_off, scale, lo, hi)
 
     split_work(work, B * Hq * plan.n_blocks, q.device)
     return out
 
 
+class FusedSegmentAttention(torch.autograd.Function):
+    """The fused forward under autograd; it saves each row's score max and 1 / sum (O(N)),
+    from which the backward (the kernel's ``segment_attention_backward``) recomputes P,
+    one task per (batch, kv head) so that each head's dk and dv have one writer."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan: SegmentPlan, scale: float):
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        stats = q.new_empty(*q.shape[:3], 2)  # (B, Hq, Nq, 2)
+        out = fused_forward(q, k, v, plan, scale, stats)
+        ctx.save_for_backward(q, k, v, stats)
+        ctx.plan, ctx.scale = plan, scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, stats = ctx.saved_tensors
+        plan, run = ctx.plan, _module().segment_attention_backward
+        dout = dout.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def work(lo: int, hi: int) -> None:
+            run(q, k, v, dout, stats, dq, dk, dv, plan.ptr, plan.start, plan.length,
+                plan.block, plan.lo_off, plan.hi_off, ctx.scale, lo, hi)
+
+        split_work(work, k.shape[0] * k.shape[1], q.device)
+        return dq, dk, dv, None, None
+
+
+def fused_call(plan: SegmentPlan | None, q, k, v, scale: float) -> torch.Tensor | None:
+    """The fused kernels' output for this call, or None where they do not run it: no plan
+    (``fused_applies`` said no), or autograd records a call whose head dims the backward
+    does not fit (a forward-only case run under autograd)."""
+    if plan is None:
+        return None
+    if not _native.records_grad(q, k, v):
+        return fused_forward(q, k, v, plan, scale)
+    if grad_fits(q.shape[-1], v.shape[-1]):
+        return FusedSegmentAttention.apply(q, k, v, plan, scale)
+    return None
+
+
 def kernel_name(fused: SegmentPlan | None, eager: str, device, dtype, needs_grad: bool) -> str:
-    """A record's ``kernel``: the fused kernel and its block, or the eager path (and why)."""
+    """A record's ``kernel``: the fused kernel and its block (",fused-backward" under
+    autograd), or the eager path (and why)."""
     label = f"fused-segments(Bq={fused.block})" if fused is not None else ""
+    if fused is not None and needs_grad:
+        label += ",fused-backward"
     return _native.kernel_name(KERNEL, fused is not None, eager, device, dtype, needs_grad,
                                label)

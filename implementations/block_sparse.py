@@ -22,6 +22,10 @@ sees a key block, in an fp32 accumulator (``index_add_``), rounded once. fp16/bf
 sliding_window's helpers and FlashAttention's numerics: products summed in fp32 and never
 rounded to the dtype, scale, bias and softmax in fp32, only P rounded.
 
+This is the eager path. fp32 on a CPU runs the fused kernels instead (``_segment_attention``:
+the forward, and under autograd its backward where both head dims are multiples of 16);
+a record's ``kernel`` says which ran.
+
 On a ``block_sparse(LAYOUT)`` case it computes the case's function exactly. On a dense
 case (mask ``none``) it applies the layout named by the case knob ``block_layout_name``
 (default ``bigbird``) and is an approximation of dense attention: ``impl_reference`` is the
@@ -430,7 +434,8 @@ class BlockSparse(Backend):
 
     def fused_plan(self, case, device, dtype) -> segments.SegmentPlan | None:
         """The fused kernel's plan where it runs this case (``segments.fused_applies``)."""
-        if not segments.fused_applies(device, dtype, case.needs_grad):
+        if not segments.fused_applies(device, dtype, case.needs_grad, case.head_dim,
+                                      case.head_dim_v):
             return None
         return segments.layout_segments(case_layout(case), case.seq_q, case.seq_k,
                                         case.block_size)
@@ -441,9 +446,8 @@ class BlockSparse(Backend):
         scale = case.softmax_scale
 
         def block_sparse(q, k, v):
-            if fused is not None and not _native.records_grad(q, k, v):
-                return segments.fused_forward(q, k, v, fused, scale)
-            return block_sparse_attention(q, k, v, plan, scale)
+            out = segments.fused_call(fused, q, k, v, scale)
+            return block_sparse_attention(q, k, v, plan, scale) if out is None else out
 
         return block_sparse
 

@@ -28,6 +28,10 @@ never rounded to the dtype (CUDA: bmm's fp32 ``out_dtype``; elsewhere the operan
 upcast exactly, so on a CPU these matmuls run at fp32 speed); scale, bias and softmax are
 applied in fp32, and only P is rounded (for P @ V and for the backward).
 
+This is the eager path. fp32 on a CPU runs the fused kernels instead (``_segment_attention``:
+the forward, and under autograd its backward where both head dims are multiples of 16);
+a record's ``kernel`` says which ran.
+
 Causal and ``none`` are unbounded windows; this backend refuses them (and windows with an
 infinite side) rather than silently running in O(N^2): use sdpa or naive for those.
 """
@@ -494,7 +498,8 @@ class SlidingWindow(Backend):
 
     def fused_plan(self, case, device, dtype) -> segments.SegmentPlan | None:
         """The fused kernel's plan where it runs this case (``segments.fused_applies``)."""
-        if not segments.fused_applies(device, dtype, case.needs_grad):
+        if not segments.fused_applies(device, dtype, case.needs_grad, case.head_dim,
+                                      case.head_dim_v):
             return None
         plan = self.plan(case)
         return segments.window_segments(case.seq_q, case.seq_k, plan.left, plan.right,
@@ -508,9 +513,8 @@ class SlidingWindow(Backend):
         scale = case.softmax_scale
 
         def sliding_window(q, k, v):
-            if fused is not None and not _native.records_grad(q, k, v):
-                return segments.fused_forward(q, k, v, fused, scale)
-            return sliding_window_attention(q, k, v, plan, bias, scale)
+            out = segments.fused_call(fused, q, k, v, scale)
+            return sliding_window_attention(q, k, v, plan, bias, scale) if out is None else out
 
         return sliding_window
 

@@ -1,6 +1,6 @@
-"""The fused segment kernel (sliding_window's and block_sparse's fp32 CPU forward): its
-geometry against the masks' own definition, its output against float64, its refusals, and
-the eager fallback when it is switched off."""
+"""The fused segment kernels (sliding_window's and block_sparse's fp32 CPU forward and
+backward): their geometry against the masks' own definition, outputs and gradients against
+float64, their refusals, and the eager fallback when they are switched off."""
 
 import pytest
 import torch
@@ -162,11 +162,59 @@ def test_kernel_refuses_segments_outside_the_keys():
 
 
 @needs_kernel
-def test_backward_modes_keep_the_eager_path():
-    case = Case(seq_q=64, seq_k=64, head_dim=16, head_dim_v=16, mask="window(7,0)",
-                mode="fwd_bwd")
-    prepared = BACKENDS["sliding_window"].prepare(case, case.make_inputs())
-    assert prepared.extras["kernel"] == "eager(Bq=16)"
+@pytest.mark.parametrize("mode", ["fwd_bwd", "bwd"])
+@pytest.mark.parametrize("name,kw", CASES)
+def test_fused_backward_matches_float64(name, kw, mode):
+    """Under autograd the kernel's backward runs where both head dims are multiples of 16
+    (the others keep the eager path, and say so); every gradient against float64."""
+    backend = BACKENDS[name]
+    case = Case(batch=2, seed=5, mode=mode,
+                **{"head_dim": 16, "head_dim_v": 16, "block_size": 16, **kw})
+    inputs = case.make_inputs()
+    prepared = backend.prepare(case, inputs)
+    fits = case.head_dim % 16 == 0 and case.head_dim_v % 16 == 0
+    kernel = prepared.extras["kernel"]
+    assert kernel.startswith("fused-segments") == fits, kernel
+    assert ("fused-backward" in kernel) == fits, kernel
+    got = prepared.outputs(prepared.fn())
+    ref = (backend.impl_reference(case, inputs) or case_reference(case, inputs)).as_dict()
+    assert set(got) >= {"dq", "dk", "dv"}
+    for key in ("dq", "dk", "dv"):
+        assert torch.isfinite(got[key]).all(), key
+        assert rel(got[key], ref[key]) < 1e-6, (key, rel(got[key], ref[key]))
+
+
+@needs_kernel
+def test_fused_backward_is_deterministic_and_saves_no_probabilities():
+    """Each K/V head's dk and dv have one writer, in a fixed order: two calls agree to the
+    bit. Autograd keeps q, k, v and two floats a row, not the O(N * W) probabilities."""
+    case = Case(batch=1, heads_q=4, heads_kv=2, seq_q=300, seq_k=300, head_dim=32,
+                head_dim_v=16, mask="window(40,7)", mode="fwd_bwd")
+    inputs = case.make_inputs()
+    f = BACKENDS["sliding_window"].build(case, inputs)
+    grads = []
+    for _ in range(2):
+        q, k, v = (t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
+        out = f(q, k, v)
+        saved = [t for t in out.grad_fn.saved_tensors]
+        out.backward(inputs.grad_out)
+        grads.append((q.grad, k.grad, v.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    extra = sum(t.numel() for t in saved) - sum(t.numel() for t in (q, k, v))
+    assert extra == 2 * case.heads_q * case.seq_q, extra
+
+
+@needs_kernel
+def test_backward_kernel_refuses_head_dims_off_its_tiles():
+    q = torch.randn(1, 1, 8, 24)
+    kv = torch.randn(1, 1, 8, 24)
+    plan = segments.window_segments(8, 8, 2, 0, 4)
+    stats = torch.zeros(1, 1, 8, 2)
+    grads = [torch.empty_like(q), torch.empty_like(kv), torch.empty_like(kv)]
+    with pytest.raises(RuntimeError, match="multiples of 16"):
+        segments_module().segment_attention_backward(
+            q, kv, kv, q, stats, *grads, plan.ptr, plan.start, plan.length, plan.block,
+            plan.lo_off, plan.hi_off, 0.5, 0, 1)
 
 
 def test_switched_off_it_says_so_and_runs_eager(monkeypatch):

@@ -1,4 +1,4 @@
-// Fused CPU forward of softmax attention over contiguous key segments (fp32).
+// Fused CPU forward and backward of softmax attention over contiguous key segments (fp32).
 //
 // Query rows are cut into blocks of `block` rows. Block b attends the keys of its segments
 // [seg_ptr[b], seg_ptr[b + 1]): each segment is a contiguous key range [start, start + len)
@@ -23,6 +23,11 @@
 // attnbench's ``split_work`` hands ranges to the CPU threads (torch single-threaded on each,
 // so sgemm runs on its caller's thread, as in sdpa's CPU flash kernel). A call keeps one
 // score buffer in cache from task to task.
+//
+// Under autograd the forward also keeps each row's max and 1 / sum, and the backward
+// (segment_attention_backward) recomputes P from them block by block, as FlashAttention's
+// does from its log-sum-exp: O(N) saved state instead of the eager path's O(N * W)
+// probabilities.
 #include <torch/extension.h>
 
 #include "simd_tiles.h"
@@ -56,19 +61,87 @@ struct Segment {
   int64_t start, len;
 };
 
+// The segments as the kernels read them, checked once per call: block b's are
+// segs[ptr[b]] .. segs[ptr[b + 1] - 1]. With `fast` (the register tiles) a segment's S columns
+// are whole 16-key panels, a superset of the segment whose extra columns are masked like the
+// window's edges (a window span that starts off a panel boundary costs up to 15 more).
+struct Geometry {
+  const int64_t* ptr;
+  std::vector<Segment> segs;
+  int64_t nb;
+  bool fast;
+  int64_t wmax = 0;  // the widest block's columns
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  // [lo, hi): the union of every block's regions (keys off the sequence included)
+
+  // The S columns of a segment: from key `a`, `wd` wide.
+  void region(const Segment& sg, int64_t& a, int64_t& wd) const {
+    a = fast ? floor_to(sg.start, kPanel) : sg.start;
+    wd = (fast ? ceil_to(sg.start + sg.len, kPanel) : sg.start + sg.len) - a;
+  }
+  int64_t width(int64_t b) const {
+    int64_t w = 0;
+    for (int64_t t = ptr[b], a, wd; t < ptr[b + 1]; ++t) {
+      region(segs[t], a, wd);
+      w += wd;
+    }
+    return w;
+  }
+};
+
+Geometry read_geometry(const char* fn, const torch::Tensor& seg_ptr,
+                       const torch::Tensor& seg_start, const torch::Tensor& seg_len,
+                       int64_t block, int64_t Nq, int64_t Nk, bool fast) {
+  const int64_t nb = seg_ptr.numel() - 1;
+  TORCH_CHECK(block > 0 && nb == (Nq + block - 1) / block, fn,
+              ": seg_ptr must hold ceil(Nq / block) + 1 entries");
+  TORCH_CHECK(seg_ptr.scalar_type() == at::kLong && seg_start.scalar_type() == at::kLong &&
+                  seg_len.scalar_type() == at::kLong && seg_ptr.is_contiguous() &&
+                  seg_start.is_contiguous() && seg_len.is_contiguous() &&
+                  seg_start.numel() == seg_len.numel(),
+              fn, ": segments must be contiguous int64 tensors");
+  Geometry g{seg_ptr.data_ptr<int64_t>(), {}, nb, fast};
+  const int64_t* starts = seg_start.data_ptr<int64_t>();
+  const int64_t* lens = seg_len.data_ptr<int64_t>();
+  const int64_t n_segs = seg_start.numel();
+  g.segs.resize(n_segs);
+  for (int64_t s = 0; s < n_segs; ++s) {
+    g.segs[s] = {starts[s], lens[s]};
+    TORCH_CHECK(g.segs[s].start >= 0 && g.segs[s].len >= 0 &&
+                    g.segs[s].start + g.segs[s].len <= Nk,
+                fn, ": a segment reaches outside the keys");
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    TORCH_CHECK(g.ptr[0] == 0 && g.ptr[b] <= g.ptr[b + 1] && g.ptr[b + 1] <= n_segs, fn,
+                ": seg_ptr is not a valid offset array");
+    g.wmax = std::max(g.wmax, g.width(b));
+    for (int64_t t = g.ptr[b], a, wd; t < g.ptr[b + 1]; ++t) {
+      g.region(g.segs[t], a, wd);
+      g.lo = std::min(g.lo, a);
+      g.hi = std::max(g.hi, a + wd);
+    }
+  }
+  return g;
+}
+
+void check_inputs(const char* fn, std::initializer_list<const torch::Tensor*> ts) {
+  for (const auto* t : ts) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 4, fn,
+                ": q, k, v and the outputs must be 4-d float32 CPU tensors");
+    TORCH_CHECK(t->stride(3) == 1, fn, ": last dim must be contiguous");
+  }
+}
+
 }  // namespace
 
 void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& out,
-                               const torch::Tensor& seg_ptr, const torch::Tensor& seg_start,
-                               const torch::Tensor& seg_len, int64_t block, int64_t lo_off,
-                               int64_t hi_off, double scale, int64_t task_lo,
-                               int64_t task_hi) {
-  for (const auto* t : {&q, &k, &v, &out}) {
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 4,
-                "segment_attention_forward: q, k, v, out must be 4-d float32 CPU tensors");
-    TORCH_CHECK(t->stride(3) == 1, "segment_attention_forward: last dim must be contiguous");
-  }
+                               const torch::Tensor& stats, const torch::Tensor& seg_ptr,
+                               const torch::Tensor& seg_start, const torch::Tensor& seg_len,
+                               int64_t block, int64_t lo_off, int64_t hi_off, double scale,
+                               int64_t task_lo, int64_t task_hi) {
+  const char* fn = "segment_attention_forward";
+  check_inputs(fn, {&q, &k, &v, &out});
   const int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Nk = k.size(2), Dv = v.size(3);
   TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == Nk &&
@@ -77,44 +150,18 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
   TORCH_CHECK(out.is_contiguous() && out.size(0) == B && out.size(1) == Hq &&
                   out.size(2) == Nq && out.size(3) == Dv,
               "segment_attention_forward: out must be a contiguous (B, Hq, Nq, Dv) tensor");
-  const int64_t G = Hq / Hkv, nb = seg_ptr.numel() - 1;
-  TORCH_CHECK(block > 0 && nb == (Nq + block - 1) / block,
-              "segment_attention_forward: seg_ptr must hold ceil(Nq / block) + 1 entries");
-
-  TORCH_CHECK(seg_ptr.scalar_type() == at::kLong && seg_start.scalar_type() == at::kLong &&
-                  seg_len.scalar_type() == at::kLong && seg_ptr.is_contiguous() &&
-                  seg_start.is_contiguous() && seg_len.is_contiguous() &&
-                  seg_start.numel() == seg_len.numel(),
-              "segment_attention_forward: segments must be contiguous int64 tensors");
-  const int64_t* sp = seg_ptr.data_ptr<int64_t>();
-  const int64_t* starts = seg_start.data_ptr<int64_t>();
-  const int64_t* lens = seg_len.data_ptr<int64_t>();
-  const int64_t n_segs = seg_start.numel();
-  std::vector<Segment> segs(n_segs);
-  for (int64_t s = 0; s < n_segs; ++s) {
-    segs[s] = {starts[s], lens[s]};
-    TORCH_CHECK(segs[s].start >= 0 && segs[s].len >= 0 && segs[s].start + segs[s].len <= Nk,
-                "segment_attention_forward: a segment reaches outside the keys");
-  }
+  const bool keep_stats = stats.numel() > 0;  // the backward's row statistics
+  TORCH_CHECK(!keep_stats || (stats.scalar_type() == at::kFloat && stats.is_contiguous() &&
+                              stats.numel() == B * Hq * Nq * 2),
+              "segment_attention_forward: stats must be empty or a contiguous (B, Hq, Nq, 2) "
+              "float32 tensor");
+  const int64_t G = Hq / Hkv;
   const bool fast = Dv % kPanel == 0;  // else MKL's sgemm for both products
-  // The S columns of a segment: from key `a`, `wd` wide. The fast path computes whole
-  // 16-key panels, a superset of the segment whose extra columns are masked like the
-  // window's edges (a window span that starts off a panel boundary costs up to 15 more).
-  auto region = [&](const Segment& sg, int64_t& a, int64_t& wd) {
-    a = fast ? floor_to(sg.start, kPanel) : sg.start;
-    wd = (fast ? ceil_to(sg.start + sg.len, kPanel) : sg.start + sg.len) - a;
-  };
-  int64_t wmax = 0;
-  for (int64_t b = 0; b < nb; ++b) {
-    TORCH_CHECK(sp[0] == 0 && sp[b] <= sp[b + 1] && sp[b + 1] <= n_segs,
-                "segment_attention_forward: seg_ptr is not a valid offset array");
-    int64_t w = 0, a, wd;
-    for (int64_t t = sp[b]; t < sp[b + 1]; ++t) {
-      region(segs[t], a, wd);
-      w += wd;
-    }
-    wmax = std::max(wmax, w);
-  }
+  const Geometry geo = read_geometry(fn, seg_ptr, seg_start, seg_len, block, Nq, Nk, fast);
+  const int64_t nb = geo.nb, wmax = geo.wmax;
+  const int64_t* sp = geo.ptr;
+  const std::vector<Segment>& segs = geo.segs;
+  auto region = [&](const Segment& sg, int64_t& a, int64_t& wd) { geo.region(sg, a, wd); };
 
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
@@ -162,14 +209,13 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
     const float* kh = kp + n * ks0 + hk * ks1;  // (Nk, D)
     const float* vh = vp + n * vs0 + hk * vs1;  // (Nk, Dv)
     float* ob = op + ((n * Hq + h) * Nq + i0) * Dv;  // (m, Dv), contiguous
+    float* rs = keep_stats ? stats.data_ptr<float>() + ((n * Hq + h) * Nq + i0) * 2
+                           : nullptr;  // (m, 2): each row's max and 1 / sum
     const int64_t t0 = sp[b], t1 = sp[b + 1];
-    int64_t w = 0;
-    for (int64_t t = t0, a, wd; t < t1; ++t) {
-      region(segs[t], a, wd);
-      w += wd;
-    }
+    const int64_t w = geo.width(b);
     if (w == 0) {
       std::fill(ob, ob + m * Dv, 0.f);
+      if (rs) std::fill(rs, rs + 2 * m, 0.f);
       return;
     }
     if (fast) ensure_packed(task);
@@ -202,6 +248,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
       }
       if (mx == neg_inf) {  // sees no key: P row all zero, output row 0
         inv[i] = 0.f;
+        if (rs) rs[2 * i] = rs[2 * i + 1] = 0.f;
         continue;
       }
       float sum = 0.f;
@@ -212,6 +259,10 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
         if (last > first) sum += exp_sum(row + c + first, last - first, mx);
       }
       inv[i] = 1.f / sum;
+      if (rs) {
+        rs[2 * i] = mx;
+        rs[2 * i + 1] = inv[i];
+      }
     }
     // O_b (m, Dv) = P V over each segment's own keys (no V row outside the sequence is
     // read), summed over the segments in a buffer in L1, then each row divided by its sum
@@ -246,10 +297,187 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
   if (stream) _mm_sfence();
 }
 
+namespace {
+
+// Over a row's visible columns: p <- exp(s - mx) * inv, the forward's P from its row max
+// and 1 / sum (the same exponentials as the forward's); returns sum_j p_j dp_j, the row's
+// delta as the eager backward takes it (from P and dP, so that dS sums to 0 over the row
+// up to rounding).
+inline float probs_dot(float* p, const float* dp, int64_t n, float mx, float inv) {
+  int64_t j = 0;
+  float sum = 0.f;
+  if (n >= Vec::size()) {
+    const Vec vm(mx), vi(inv);
+    Vec acc(0.f);
+    for (; j + Vec::size() <= n; j += Vec::size()) {
+      const Vec e = (Vec::loadu(p + j) - vm).exp_u20() * vi;
+      e.store(p + j);
+      acc = at::vec::fmadd(e, Vec::loadu(dp + j), acc);
+    }
+    float lanes[Vec::size()];
+    acc.store(lanes);
+    for (int l = 0; l < Vec::size(); ++l) sum += lanes[l];
+  }
+  for (; j < n; ++j) {
+    p[j] = std::exp(p[j] - mx) * inv;
+    sum += p[j] * dp[j];
+  }
+  return sum;
+}
+
+// dp <- alpha * p * (dp - delta): the scores' gradient, the softmax scale included.
+inline void score_grad(const float* p, float* dp, int64_t n, float delta, float alpha) {
+  int64_t j = 0;
+  const Vec vd(delta), va(alpha);
+  for (; j + Vec::size() <= n; j += Vec::size())
+    (Vec::loadu(p + j) * (Vec::loadu(dp + j) - vd) * va).store(dp + j);
+  for (; j < n; ++j) dp[j] = alpha * p[j] * (dp[j] - delta);
+}
+
+}  // namespace
+
+// dq, dk, dv of segment_attention_forward from its row statistics (stats: each row's max
+// and 1 / sum), as FlashAttention's backward: per query block the scores are recomputed
+// (S = scale Q K^T, P = exp(S - max) / sum), dP = dO V^T, dS = scale P (dP - delta) with
+// delta = rowsum(P * dP), then dQ = dS K, dK += dS^T Q, dV += P^T dO, five products in the
+// register tiles (D and Dv multiples of 16). A task is one (batch, kv head): every block of its G query heads,
+// in order, so dk and dv of that head have one writer and their sums a fixed order (each
+// block adds its own sum over its rows). dq, dk and dv are contiguous and fully written.
+void segment_attention_backward(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& dout,
+                                const torch::Tensor& stats,
+                                const torch::Tensor& dq, const torch::Tensor& dk,
+                                const torch::Tensor& dv, const torch::Tensor& seg_ptr,
+                                const torch::Tensor& seg_start, const torch::Tensor& seg_len,
+                                int64_t block, int64_t lo_off, int64_t hi_off, double scale,
+                                int64_t task_lo, int64_t task_hi) {
+  const char* fn = "segment_attention_backward";
+  check_inputs(fn, {&q, &k, &v, &dout, &dq, &dk, &dv});
+  const int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Nk = k.size(2), Dv = v.size(3);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == Nk &&
+                  k.size(3) == D && Hkv > 0 && Hq % Hkv == 0,
+              fn, ": q, k, v shapes do not match");
+  TORCH_CHECK(D % kPanel == 0 && Dv % kPanel == 0, fn,
+              ": head dims must be multiples of 16");
+  for (const auto* t : {&dout, &dq, &dk, &dv, &stats})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kFloat, fn,
+                ": dout, stats, dq, dk, dv must be contiguous float32");
+  TORCH_CHECK(dout.size(0) == B && dout.size(1) == Hq && dout.size(2) == Nq &&
+                  dout.size(3) == Dv && dq.sizes() == q.sizes() && dk.sizes() == k.sizes() &&
+                  dv.sizes() == v.sizes() && stats.numel() == B * Hq * Nq * 2,
+              fn, ": dout, stats and the gradients do not match q, k, v");
+  const int64_t G = Hq / Hkv;
+  const Geometry geo = read_geometry(fn, seg_ptr, seg_start, seg_len, block, Nq, Nk, true);
+  const int64_t nb = geo.nb;
+  TORCH_CHECK(0 <= task_lo && task_lo <= task_hi && task_hi <= B * Hkv, fn,
+              ": task range outside [0, B * Hkv]");
+
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const float* dop = dout.data_ptr<float>();
+  const float* stp = stats.data_ptr<float>();
+  float* dqp = dq.data_ptr<float>();
+  float* dkp = dk.data_ptr<float>();
+  float* dvp = dv.data_ptr<float>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const float alpha = static_cast<float>(scale);
+
+  const int64_t span = std::max<int64_t>(geo.hi - geo.lo, 0);
+  std::vector<float> kpanels(static_cast<size_t>(span * D));  // (span / 16) panels (D, 16)
+  std::vector<float> vpanels(static_cast<size_t>(span * Dv));  // (span / 16) panels (Dv, 16)
+  const size_t scores = static_cast<size_t>(block * std::max<int64_t>(geo.wmax, 1));
+  std::vector<float> p(scores), ds(scores);  // (m, w) each: S then P; dP then dS
+
+  for (int64_t task = task_lo; task < task_hi; ++task) {
+    const int64_t n = task / Hkv, hk = task % Hkv;
+    const float* kh = kp + n * ks0 + hk * ks1;  // (Nk, D)
+    const float* vh = vp + n * vs0 + hk * vs1;  // (Nk, Dv)
+    float* dkh = dkp + (n * Hkv + hk) * Nk * D;  // (Nk, D)
+    float* dvh = dvp + (n * Hkv + hk) * Nk * Dv;  // (Nk, Dv)
+    std::fill(dkh, dkh + Nk * D, 0.f);
+    std::fill(dvh, dvh + Nk * Dv, 0.f);
+    if (span > 0) {
+      pack_keys(kh, ks2, D, Nk, geo.lo, geo.hi, kpanels.data());
+      pack_keys(vh, vs2, Dv, Nk, geo.lo, geo.hi, vpanels.data());
+    }
+    for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+      const int64_t row0 = (n * Hq + h) * Nq;  // this query head's first row in dout, dq
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t i0 = b * block, m = std::min(block, Nq - i0);
+        const float* qb = qp + n * qs0 + h * qs1 + i0 * qs2;  // (m, D), stride qs2
+        const float* dob = dop + (row0 + i0) * Dv;  // (m, Dv)
+        const float* rs = stp + (row0 + i0) * 2;  // (m, 2) max, 1 / sum
+        float* dqb = dqp + (row0 + i0) * D;  // (m, D)
+        const int64_t t0 = geo.ptr[b], t1 = geo.ptr[b + 1], w = geo.width(b);
+        if (w == 0) {
+          std::fill(dqb, dqb + m * D, 0.f);
+          continue;
+        }
+        float* s = p.data();
+        float* g = ds.data();
+        for (int64_t t = t0, c = 0, a, wd; t < t1; ++t, c += wd) {  // S, dP (m, w)
+          geo.region(geo.segs[t], a, wd);
+          qk_product(m, wd, qb, qs2, kpanels.data() + (a - geo.lo) * D, D, alpha, s + c, w);
+          qk_product(m, wd, dob, Dv, vpanels.data() + (a - geo.lo) * Dv, Dv, 1.f, g + c, w);
+        }
+        for (int64_t i = 0; i < m; ++i) {  // P and dS on the visible columns, 0 elsewhere
+          float* srow = s + i * w;
+          float* grow = g + i * w;
+          const int64_t lo = i0 + i + lo_off, hi = i0 + i + hi_off;
+          const float mx = rs[2 * i], inv = rs[2 * i + 1];  // inv = 0: the row sees no key
+          float delta = 0.f;
+          for (int64_t t = t0, c = 0, a, wd; t < t1; ++t, c += wd) {
+            geo.region(geo.segs[t], a, wd);
+            const Segment& sg = geo.segs[t];
+            const int64_t first = inv != 0.f ? std::min(std::max(lo, sg.start) - a, wd) : wd;
+            const int64_t last = std::max(std::min(hi + 1, sg.start + sg.len) - a, first);
+            std::fill(srow + c, srow + c + first, 0.f);
+            std::fill(grow + c, grow + c + first, 0.f);
+            std::fill(srow + c + last, srow + c + wd, 0.f);
+            std::fill(grow + c + last, grow + c + wd, 0.f);
+            if (last > first)
+              delta += probs_dot(srow + c + first, grow + c + first, last - first, mx, inv);
+          }
+          for (int64_t t = t0, c = 0, a, wd; t < t1; ++t, c += wd) {
+            geo.region(geo.segs[t], a, wd);
+            score_grad(srow + c, grow + c, wd, delta, alpha);  // 0 where P is
+          }
+        }
+        // dQ = dS K over each segment's own keys, in runs of kSumRun keys as the forward's
+        // P V; dK += dS^T Q and dV += P^T dO over the same keys.
+        bool first = true;
+        for (int64_t t = t0, c = 0, a, wd; t < t1; ++t, c += wd) {
+          geo.region(geo.segs[t], a, wd);
+          const Segment& sg = geo.segs[t];
+          const int64_t col = c + (sg.start - a);  // the segment's first column
+          for (int64_t j0 = 0; j0 < sg.len; j0 += kSumRun) {
+            const int64_t len = std::min(kSumRun, sg.len - j0);
+            pv_product(m, D, g + col + j0, w, kh + (sg.start + j0) * ks2, ks2, len, dqb, D,
+                       first && j0 == 0 ? Into::kStore : Into::kAdd);
+          }
+          first = false;
+          pvt_product(sg.len, D, g + col, w, qb, qs2, m, dkh + sg.start * D, D, Into::kAdd);
+          pvt_product(sg.len, Dv, s + col, w, dob, Dv, m, dvh + sg.start * Dv, Dv, Into::kAdd);
+        }
+        if (first) std::fill(dqb, dqb + m * D, 0.f);  // only empty segments
+      }
+    }
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("stream_bytes") = kStreamBytes;  // outputs above it are streamed
   m.def("segment_attention_forward", &segment_attention_forward,
         "softmax attention over contiguous key segments, fp32 CPU forward, tasks "
-        "[task_lo, task_hi) of (batch, head, query block) into out",
+        "[task_lo, task_hi) of (batch, head, query block) into out (and each row's max "
+        "and 1 / sum into stats, unless empty)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("segment_attention_backward", &segment_attention_backward,
+        "dq, dk, dv of segment_attention_forward from its row stats, tasks [task_lo, "
+        "task_hi) of (batch, kv head)",
         py::call_guard<py::gil_scoped_release>());
 }
