@@ -42,7 +42,7 @@
 // in registers, and the chunk's product is added to the group's sums as the tiles store it
 // (no buffer written and read back); both give the same sums in the same order, so the
 // results are bitwise unchanged. The AVX-512 build's phi then takes a leaner exp
-// (exp_nonpositive below); the AVX2 build keeps exp_u20.
+// (simd_tiles.h's exp_nonpositive); the AVX2 build keeps exp_u20.
 //
 // Each runs a range of its tasks per call with the GIL released; attnbench's split_work
 // hands the ranges to the CPU threads. Dv and FAVOR+'s m must be multiples of 16 (the
@@ -70,36 +70,6 @@ constexpr int64_t kGroup = 16;
 inline float elu1(float x) { return x > 0.f ? x + 1.f : std::exp(x); }  // the scalar tails'
 
 #if defined(CPU_CAPABILITY_AVX512)
-// exp(min(x, 0)) of 16 floats: 2^(n/16) from a 16-entry table (one register permute) times
-// a degree-3 polynomial on |r| <= ln2/32, scaled by 2^floor(n/16) with vscalefps (which
-// also gives the denormals, and 0 below -103.3); x below -104 is taken as -104, NaN stays
-// NaN. On AVX-512 every vector op shares ports 0 and 5 with the tiles' FMAs, so phi's cost
-// is the count of its exp's ops: 13 here, about 19 in exp_u20. Against float64 its error
-// was at most 1.7e-7 relative over [-104, 0] (3 million points; exp_u20: up to 20 ulp).
-// The elu forward at N = 8192 ran 1.09x [1.06, 1.12] faster with it on the Xeon host
-// (results/2026-12-02-goals-xeon-fused-r* against -goals-xeon-exp-r*, all samples pooled;
-// dense sdpa in the same runs: 1.01x [0.99, 1.03]).
-inline __m512 exp_nonpositive(__m512 x) {
-  const __m512 xm =
-      _mm512_max_ps(_mm512_set1_ps(-104.f), _mm512_min_ps(_mm512_setzero_ps(), x));
-  const __m512 magic = _mm512_set1_ps(12582912.f);  // 1.5 * 2^23: s - magic = round(t)
-  const __m512 s = _mm512_fmadd_ps(xm, _mm512_set1_ps(23.083120654223414f), magic);  // 16/ln2
-  const __m512 n = _mm512_sub_ps(s, magic);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.043321698904037476f), xm);  // ln2/16, hi
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-1.1904088825787085e-10f), r);  // and lo
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.f / 6.f), r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));  // exp(r), |r| <= ln2/32
-  const __m512 two_j16 = _mm512_setr_ps(  // 2^(j/16), j = 0..15
-      1.0f, 1.0442737340927124f, 1.0905077457427979f, 1.1387885808944702f,
-      1.1892070770263672f, 1.2418577671051025f, 1.2968395948410034f, 1.3542555570602417f,
-      1.4142135381698608f, 1.4768261909484863f, 1.5422108173370361f, 1.610490322113037f,
-      1.6817928552627563f, 1.7562521696090698f, 1.8340080976486206f, 1.9152065515518188f);
-  // the permute reads the low 4 bits of s, those of n: 2^((n mod 16) / 16)
-  const __m512 t = _mm512_permutexvar_ps(_mm512_castps_si512(s), two_j16);
-  return _mm512_scalef_ps(_mm512_mul_ps(t, p), _mm512_mul_ps(n, _mm512_set1_ps(1.f / 16.f)));
-}
-
 inline Vec elu1(const Vec& x) {  // elu(x) + 1: x + 1 where x > 0, else exp(x)
   const __m512 v = x;
   const __mmask16 positive = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
