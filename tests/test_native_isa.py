@@ -72,6 +72,10 @@ AGREE = {
     "sliding_window": ("sliding_window", two_heads(300, mask="window(63,0)")),
     "block_sparse": ("block_sparse", two_heads(300, mask="block_sparse(bigbird)",
                                                block_size=32)),
+    "sliding_window-fwd_bwd": ("sliding_window", two_heads(300, mask="window(63,0)",
+                                                           mode="fwd_bwd")),
+    "block_sparse-fwd_bwd": ("block_sparse", two_heads(300, mask="block_sparse(bigbird)",
+                                                       block_size=32, mode="fwd_bwd")),
 }
 
 
