@@ -59,11 +59,13 @@ void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 }
 
 constexpr int64_t kSumRun = 64;  // keys per partial sum of P V
-// Query rows per partial sum of dK and dV (each run's sum is added to the head's sums on
-// its own). Window (255,0) and bigbird at N = 2048, mean relative error of 3 seeds against
-// float64: whole blocks (32 and 64 rows) dk 3.17e-7 and 3.53e-7, dv 2.82e-7 and 3.25e-7;
-// runs of 16 rows 3.14e-7, 3.45e-7 and 2.78e-7, 3.16e-7 (the eager backward: 3.12e-7,
-// 3.51e-7 and 2.76e-7, 3.22e-7); the backward 2-3% slower at N = 8192 (scratch).
+// Query rows per partial sum of dK and dV: a block's runs are summed in a buffer, which is
+// then added to the head's sums once (a key's sums over many blocks, as bigbird's global
+// keys have, stay one add per block). Relative errors against float64 at N = 8192 (window
+// (255,0); bigbird), chains over whole blocks added straight to the head's sums: dk 3.27e-7;
+// 3.67e-7, dv 2.97e-7; 3.37e-7 (results/2026-12-03-family-cpu-xeon-bwd); so: dk 3.21e-7;
+// 3.48e-7, dv 2.89e-7; 3.16e-7 (scratch; the eager backward's records: dk 3.22e-7; 3.65e-7,
+// dv 2.91e-7; 3.33e-7, results/2026-12-02-family-cpu-xeon-exp).
 constexpr int64_t kRowRun = 16;
 
 struct Segment {
@@ -400,6 +402,10 @@ void segment_attention_backward(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<float> vpanels(static_cast<size_t>(span * Dv));  // (span / 16) panels (Dv, 16)
   const size_t scores = static_cast<size_t>(block * std::max<int64_t>(geo.wmax, 1));
   std::vector<float> p(scores), ds(scores);  // (m, w) each: S then P; dP then dS
+  int64_t seg_max = 0;
+  for (const Segment& sg : geo.segs) seg_max = std::max(seg_max, sg.len);
+  // one block's dK and dV over one segment's keys, added to the head's sums once
+  std::vector<float> dkb(static_cast<size_t>(seg_max * D)), dvb(static_cast<size_t>(seg_max * Dv));
 
   for (int64_t task = task_lo; task < task_hi; ++task) {
     const int64_t n = task / Hkv, hk = task % Hkv;
@@ -471,11 +477,14 @@ void segment_attention_backward(const torch::Tensor& q, const torch::Tensor& k,
           first = false;
           for (int64_t r0 = 0; r0 < m; r0 += kRowRun) {
             const int64_t r = std::min(kRowRun, m - r0);
-            pvt_product(sg.len, D, g + col + r0 * w, w, qb + r0 * qs2, qs2, r,
-                        dkh + sg.start * D, D, Into::kAdd);
-            pvt_product(sg.len, Dv, s + col + r0 * w, w, dob + r0 * Dv, Dv, r,
-                        dvh + sg.start * Dv, Dv, Into::kAdd);
+            const Into into = r0 == 0 ? Into::kStore : Into::kAdd;
+            pvt_product(sg.len, D, g + col + r0 * w, w, qb + r0 * qs2, qs2, r, dkb.data(), D,
+                        into);
+            pvt_product(sg.len, Dv, s + col + r0 * w, w, dob + r0 * Dv, Dv, r, dvb.data(), Dv,
+                        into);
           }
+          add_into(dkh + sg.start * D, dkb.data(), sg.len * D);
+          add_into(dvh + sg.start * Dv, dvb.data(), sg.len * Dv);
         }
         if (first) std::fill(dqb, dqb + m * D, 0.f);  // only empty segments
       }
