@@ -8,6 +8,8 @@ when Dv (and FAVOR+'s m) is a multiple of 16, non-causal or causal with seq_q ==
 Under autograd (``FusedLinear``) the backward is a kernel too (``linear_backward``,
 ``linear_causal_backward``; D also a multiple of 16), from the states the forward kept;
 other dtypes and shapes keep the eager path. Which one ran is in a record's ``kernel``.
+Each call shares its tasks out over the CPU threads inside the kernel, in one parallel
+region (``native/cpu_pieces.h``; two for the non-causal forward over few heads).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.implementations import _native
-from attnbench.implementations._cpu_threads import split_work
+from attnbench.implementations._cpu_threads import PIECES_PER_THREAD
 
 KERNEL = "linear_attention"
 ROWS = 64  # query rows per output task (the kernel's kChunk)
@@ -72,34 +74,14 @@ def _forward(q, k, v, causal, panels, half_scale, keep: bool):
         prefix = q.new_empty(B, Hkv, nc, feats, Dv) if keep else q.new_empty(0)
         zprefix = q.new_empty(B, Hkv, nc, feats) if keep else q.new_empty(0)
         tops = q.new_empty(B, Hkv, nc) if keep else q.new_empty(0)
-        split_work(lambda lo, hi: module.linear_causal(q, k, v, panels, half_scale, out,
-                                                       prefix, zprefix, tops, lo, hi),
-                   B * Hq, q.device)
+        module.linear_causal_parallel(q, k, v, panels, half_scale, out, prefix, zprefix, tops,
+                                      PIECES_PER_THREAD)
         return out, (prefix, zprefix, tops)
     state = q.new_empty(B, Hkv, feats, Dv)  # phi(K)^T V per kv head
     zsum = q.new_empty(B, Hkv, feats)  # sum_j phi(K_j)
     shift = q.new_empty(B, Hkv)  # FAVOR+'s key shift, at which S and z are
-    blocks = -(-Nq // ROWS)
-    per_head = (Hq // Hkv) * blocks  # output tasks of one kv head's query heads
-
-    def state_of(lo: int, hi: int) -> None:  # kv heads [lo, hi)
-        module.linear_state(k, v, panels, half_scale, state, zsum, shift, lo, hi)
-
-    def output_of(lo: int, hi: int) -> None:  # (batch, query head, row block) tasks
-        module.linear_output(q, panels, state, zsum, out, lo, hi)
-
-    if B * Hkv >= 2 * torch.get_num_threads():
-        # one parallel region: each piece takes whole kv heads, their state and then their
-        # query heads' rows (whose tasks are contiguous). Each region's wake-up costs about
-        # 0.08 ms on the 2-vCPU hosts (sleeping threads), 3% of the elu forward at N = 4096.
-        def heads(lo: int, hi: int) -> None:
-            state_of(lo, hi)
-            output_of(lo * per_head, hi * per_head)
-
-        split_work(heads, B * Hkv, q.device)
-    else:  # too few heads to share out: the rows of each head are split too
-        split_work(state_of, B * Hkv, q.device)
-        split_work(output_of, B * Hq * blocks, q.device)
+    module.linear_forward_parallel(q, k, v, panels, half_scale, state, zsum, shift, out,
+                                   PIECES_PER_THREAD)
     return out, (state, zsum, shift)
 
 
@@ -134,8 +116,8 @@ class FusedLinear(torch.autograd.Function):
         dout = dout.contiguous()
         module = _module()
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-        backward = module.linear_causal_backward if ctx.causal else module.linear_backward
-        split_work(lambda lo, hi: backward(q, k, v, panels, proj_rows, ctx.half_scale, out, dout,
-                                           *saved, *grads, lo, hi),
-                   k.shape[0] * k.shape[1], q.device)
+        backward = (module.linear_causal_backward_parallel if ctx.causal
+                    else module.linear_backward_parallel)
+        backward(q, k, v, panels, proj_rows, ctx.half_scale, out, dout, *saved, *grads,
+                 PIECES_PER_THREAD)
         return (*grads, None, None, None, None)

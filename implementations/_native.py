@@ -42,6 +42,11 @@ CFLAGS = {
     "avx512": ["-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
 }
+# The kernels' one parallel region a call is ATen's (native/cpu_pieces.h). Where ATen's
+# backend is OpenMP its parallel_for is a header template that needs -fopenmp to fork
+# (without, it runs serially); the extension then needs libgomp.so.1, which resolves to the
+# copy torch has loaded already, so both share one OpenMP runtime and its thread count.
+OPENMP = ["-fopenmp"] if "parallel backend: OpenMP" in torch.__config__.parallel_info() else []
 # torch's CPU capability (which ATEN_CPU_CAPABILITY can lower) -> the widest build it runs
 HOST_ISA = {"AVX2": "avx2", "AVX512": "avx512"}
 
@@ -128,9 +133,10 @@ def _build(name: str):
     try:
         module = build(name=f"attnbench_{name}_{target}",
                        sources=[str(SOURCES / f"{name}.cpp")],
-                       extra_cflags=[*CFLAGS[target],
+                       extra_cflags=[*CFLAGS[target], *OPENMP,
                                      f"-DATTNBENCH_HEADERS={headers.hexdigest()[:16]}"],
-                       extra_include_paths=[str(SOURCES)], verbose=False)
+                       extra_ldflags=OPENMP, extra_include_paths=[str(SOURCES)],
+                       verbose=False)
     except Exception as exc:  # a failed build is a reason to run eager, not a crash
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         first = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "")

@@ -24,7 +24,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from attnbench.implementations import _native
-from attnbench.implementations._cpu_threads import split_work
+from attnbench.implementations._cpu_threads import PIECES_PER_THREAD
 
 KERNEL = "segment_attention"
 UNBOUNDED = 1 << 62  # an offset no row index reaches
@@ -138,20 +138,16 @@ def fused_forward(q, k, v, plan: SegmentPlan, scale: float,
     each row's score max and 1 / sum into ``stats`` (B, Hq, Nq, 2) where given (0, 0: the
     row sees no key).
 
-    The (batch, query head, query block) tasks are shared out over the CPU threads in
-    pieces (``split_work``); the kernel releases the GIL.
+    The kernel shares the (batch, query head, query block) tasks out over the CPU threads
+    in pieces, in one parallel region (``native/cpu_pieces.h``), without the GIL.
     """
-    run = _module().segment_attention_forward
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     B, Hq, Nq, _ = q.shape
     out = q.new_empty(B, Hq, Nq, v.shape[-1])  # (B, Hq, Nq, Dv)
     stats = q.new_empty(0) if stats is None else stats
-
-    def work(lo: int, hi: int) -> None:
-        run(q, k, v, out, stats, plan.ptr, plan.start, plan.length, plan.block, plan.lo_off,
-            plan.hi_off, scale, lo, hi)
-
-    split_work(work, B * Hq * plan.n_blocks, q.device)
+    _module().segment_attention_forward_parallel(
+        q, k, v, out, stats, plan.ptr, plan.start, plan.length, plan.block, plan.lo_off,
+        plan.hi_off, scale, PIECES_PER_THREAD)
     return out
 
 
@@ -173,15 +169,12 @@ class FusedSegmentAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout):
         q, k, v, stats = ctx.saved_tensors
-        plan, run = ctx.plan, _module().segment_attention_backward
+        plan = ctx.plan
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-        def work(lo: int, hi: int) -> None:
-            run(q, k, v, dout, stats, dq, dk, dv, plan.ptr, plan.start, plan.length,
-                plan.block, plan.lo_off, plan.hi_off, ctx.scale, lo, hi)
-
-        split_work(work, k.shape[0] * k.shape[1], q.device)
+        _module().segment_attention_backward_parallel(
+            q, k, v, dout, stats, dq, dk, dv, plan.ptr, plan.start, plan.length, plan.block,
+            plan.lo_off, plan.hi_off, ctx.scale, PIECES_PER_THREAD)
         return dq, dk, dv, None, None
 
 

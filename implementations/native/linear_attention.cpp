@@ -49,6 +49,7 @@
 // tiles' width), and for the backwards D too.
 #include <torch/extension.h>
 
+#include "cpu_pieces.h"
 #include "simd_tiles.h"
 
 #include <algorithm>
@@ -771,6 +772,79 @@ void linear_causal_backward(const torch::Tensor& q, const torch::Tensor& k,
   }
 }
 
+// The whole calls over the CPU threads, each in one parallel region (cpu_pieces.h).
+
+// Non-causal forward: out, and the state (S, z, shift) its backward reads. With at least
+// two kv heads per thread, one region whose pieces take whole kv heads: their states, then
+// their query heads' rows (contiguous tasks); with fewer, two regions (the states, then
+// the rows of every head), so that short sequences over few heads still use every thread.
+void linear_forward_parallel(const torch::Tensor& q, const torch::Tensor& k,
+                             const torch::Tensor& v, const torch::Tensor& proj,
+                             double half_scale, const torch::Tensor& state,
+                             const torch::Tensor& zsum, const torch::Tensor& shift,
+                             const torch::Tensor& out, int64_t pieces_per_thread) {
+  check_float4d(q, "q");
+  check_float4d(k, "k");
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+              "linear_forward: Hq must be a multiple of Hkv");
+  const int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), Hkv = k.size(1);
+  const int64_t blocks = (Nq + kChunk - 1) / kChunk, per_head = (Hq / Hkv) * blocks;
+  if (B * Hkv >= 2 * at::get_num_threads()) {
+    run_in_pieces(B * Hkv, pieces_per_thread, [&](int64_t lo, int64_t hi) {
+      linear_state(k, v, proj, half_scale, state, zsum, shift, lo, hi);
+      linear_output(q, proj, state, zsum, out, lo * per_head, hi * per_head);
+    });
+    return;
+  }
+  run_in_pieces(B * Hkv, pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    linear_state(k, v, proj, half_scale, state, zsum, shift, lo, hi);
+  });
+  run_in_pieces(B * Hq * blocks, pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    linear_output(q, proj, state, zsum, out, lo, hi);
+  });
+}
+
+void linear_causal_parallel(const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v, const torch::Tensor& proj,
+                            double half_scale, const torch::Tensor& out,
+                            const torch::Tensor& prefix, const torch::Tensor& zprefix,
+                            const torch::Tensor& tops, int64_t pieces_per_thread) {
+  check_float4d(q, "q");
+  run_in_pieces(q.size(0) * q.size(1), pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    linear_causal(q, k, v, proj, half_scale, out, prefix, zprefix, tops, lo, hi);
+  });
+}
+
+void linear_backward_parallel(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& proj,
+                              const torch::Tensor& proj_rows, double half_scale,
+                              const torch::Tensor& out, const torch::Tensor& dout,
+                              const torch::Tensor& state, const torch::Tensor& zsum,
+                              const torch::Tensor& shift, const torch::Tensor& dq,
+                              const torch::Tensor& dk, const torch::Tensor& dv,
+                              int64_t pieces_per_thread) {
+  check_float4d(k, "k");
+  run_in_pieces(k.size(0) * k.size(1), pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    linear_backward(q, k, v, proj, proj_rows, half_scale, out, dout, state, zsum, shift, dq, dk,
+                    dv, lo, hi);
+  });
+}
+
+void linear_causal_backward_parallel(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const torch::Tensor& proj,
+                                     const torch::Tensor& proj_rows, double half_scale,
+                                     const torch::Tensor& out, const torch::Tensor& dout,
+                                     const torch::Tensor& prefix,
+                                     const torch::Tensor& zprefix, const torch::Tensor& tops,
+                                     const torch::Tensor& dq, const torch::Tensor& dk,
+                                     const torch::Tensor& dv, int64_t pieces_per_thread) {
+  check_float4d(k, "k");
+  run_in_pieces(k.size(0) * k.size(1), pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    linear_causal_backward(q, k, v, proj, proj_rows, half_scale, out, dout, prefix, zprefix,
+                           tops, dq, dk, dv, lo, hi);
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("stream_bytes") = kStreamBytes;  // outputs above it are streamed
   m.def("linear_state", &linear_state,
@@ -787,5 +861,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_causal_backward", &linear_causal_backward,
         "dq, dk, dv of the causal form (seq_q == seq_k) for kv heads [lo, hi)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_forward_parallel", &linear_forward_parallel,
+        "the non-causal forward (states, then outputs) over the CPU threads",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_causal_parallel", &linear_causal_parallel,
+        "linear_causal over every query head, in pieces over the CPU threads",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_backward_parallel", &linear_backward_parallel,
+        "linear_backward over every kv head, in pieces over the CPU threads",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_causal_backward_parallel", &linear_causal_backward_parallel,
+        "linear_causal_backward over every kv head, in pieces over the CPU threads",
         py::call_guard<py::gil_scoped_release>());
 }

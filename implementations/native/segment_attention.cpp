@@ -33,11 +33,14 @@
 // probabilities.
 #include <torch/extension.h>
 
+#include "cpu_pieces.h"
 #include "simd_tiles.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
@@ -492,6 +495,54 @@ void segment_attention_backward(const torch::Tensor& q, const torch::Tensor& k,
   }
 }
 
+// The whole call over the CPU threads in one parallel region (cpu_pieces.h): the forward's
+// (batch, head, query block) tasks, the backward's (batch, kv head) tasks, in pieces.
+void segment_attention_forward_parallel(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& out, const torch::Tensor& stats, const torch::Tensor& seg_ptr,
+    const torch::Tensor& seg_start, const torch::Tensor& seg_len, int64_t block,
+    int64_t lo_off, int64_t hi_off, double scale, int64_t pieces_per_thread) {
+  const char* fn = "segment_attention_forward";
+  check_inputs(fn, {&q, &k, &v, &out});
+  TORCH_CHECK(seg_ptr.dim() == 1 && seg_ptr.numel() >= 1, fn,
+              ": seg_ptr must be a 1-d tensor of n_blocks + 1 offsets");
+  const int64_t tasks = q.size(0) * q.size(1) * (seg_ptr.numel() - 1);
+  run_in_pieces(tasks, pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    segment_attention_forward(q, k, v, out, stats, seg_ptr, seg_start, seg_len, block, lo_off,
+                              hi_off, scale, lo, hi);
+  });
+}
+
+void segment_attention_backward_parallel(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& dout, const torch::Tensor& stats, const torch::Tensor& dq,
+    const torch::Tensor& dk, const torch::Tensor& dv, const torch::Tensor& seg_ptr,
+    const torch::Tensor& seg_start, const torch::Tensor& seg_len, int64_t block,
+    int64_t lo_off, int64_t hi_off, double scale, int64_t pieces_per_thread) {
+  check_inputs("segment_attention_backward", {&q, &k, &v, &dout, &dq, &dk, &dv});
+  run_in_pieces(k.size(0) * k.size(1), pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    segment_attention_backward(q, k, v, dout, stats, dq, dk, dv, seg_ptr, seg_start, seg_len,
+                               block, lo_off, hi_off, scale, lo, hi);
+  });
+}
+
+// For the tests of run_in_pieces: the (lo, hi) pieces it ran over [0, n_items), in the
+// order they started; a piece holding item `fail_at` throws (and the call with it).
+std::vector<std::pair<int64_t, int64_t>> pieces_run(int64_t n_items, int64_t pieces_per_thread,
+                                                    int64_t fail_at) {
+  std::vector<std::pair<int64_t, int64_t>> ran;
+  std::mutex lock;
+  run_in_pieces(n_items, pieces_per_thread, [&](int64_t lo, int64_t hi) {
+    {
+      std::lock_guard<std::mutex> guard(lock);
+      ran.emplace_back(lo, hi);
+    }
+    TORCH_CHECK(!(lo <= fail_at && fail_at < hi), "pieces_run: piece [", lo, ", ", hi,
+                ") holds item ", fail_at);
+  });
+  return ran;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("stream_bytes") = kStreamBytes;  // outputs above it are streamed
   m.def("segment_attention_forward", &segment_attention_forward,
@@ -502,5 +553,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("segment_attention_backward", &segment_attention_backward,
         "dq, dk, dv of segment_attention_forward from its row stats, tasks [task_lo, "
         "task_hi) of (batch, kv head)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("segment_attention_forward_parallel", &segment_attention_forward_parallel,
+        "segment_attention_forward over all its tasks, in pieces over the CPU threads",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("segment_attention_backward_parallel", &segment_attention_backward_parallel,
+        "segment_attention_backward over all its tasks, in pieces over the CPU threads",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("pieces_run", &pieces_run, "run_in_pieces' pieces over [0, n_items) (tests)",
         py::call_guard<py::gil_scoped_release>());
 }
