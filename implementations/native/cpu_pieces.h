@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,16 +12,29 @@
 
 namespace attnbench {
 
+// A child forked after the parent ran a parallel region inherits GNU OpenMP's pool without
+// its threads, and its next region waits for them forever (torch's own ops too). The
+// kernels run single-threaded in such a child instead: a fork after this library loaded
+// sets the flag there.
+inline std::atomic<bool>& in_forked_child() {
+  static std::atomic<bool> forked{false};
+  return forked;
+}
+// (static: an inline variable nothing reads would not be emitted, nor its handler registered)
+static const bool kForkWatched =
+    pthread_atfork(nullptr, nullptr, [] { in_forked_child().store(true); }) == 0;
+
 // f(lo, hi) over [0, n_items) in at most threads * pieces_per_thread contiguous pieces
 // whose sizes differ by at most one; each thread claims the next piece until none is left,
 // so a thread slowed down (a shared machine's vCPU taken away) does fewer. One thread, one
-// item, or a caller already inside a parallel region: one call f(0, n_items). After an
-// exception no new piece starts, and the first one is rethrown once the region has ended.
+// item, a caller already inside a parallel region, or a forked child: one call
+// f(0, n_items). After an exception no new piece starts, and the first one is rethrown
+// once the region has ended.
 template <typename F>
 void run_in_pieces(int64_t n_items, int64_t pieces_per_thread, const F& f) {
   if (n_items <= 0) return;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n_items);
-  if (threads < 2 || at::in_parallel_region()) {
+  if (threads < 2 || at::in_parallel_region() || in_forked_child().load()) {
     f(0, n_items);
     return;
   }
