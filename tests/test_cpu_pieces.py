@@ -48,8 +48,8 @@ def test_one_thread_runs_one_call_over_everything(threads):
 
 
 @pytest.mark.parametrize("threads", [2], indirect=True)
-def test_no_items_run_nothing(threads):
-    assert pieces_run(0, 8) == []
+def test_no_items_make_one_empty_call_so_the_kernel_still_checks_its_arguments(threads):
+    assert pieces_run(0, 8) == [(0, 0)]
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
@@ -83,3 +83,15 @@ def test_a_forked_child_runs_the_kernels_single_threaded_instead_of_hanging(thre
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung in the kernel's parallel region")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_a_kernel_error_in_a_piece_reaches_the_caller_as_its_message(threads):
+    plan = segments.window_segments(256, 256, 31, 0, 32)
+    q, k, v = (torch.randn(1, 2, 256, 16) for _ in range(3))
+    wrong_out = torch.empty(1, 2, 255, 16)  # one row short
+    module, _ = _native.load(segments.KERNEL)
+    with pytest.raises(RuntimeError, match=r"out must be a contiguous \(B, Hq, Nq, Dv\)"):
+        module.segment_attention_forward_parallel(
+            q, k, v, wrong_out, torch.empty(0), plan.ptr, plan.start, plan.length, plan.block,
+            plan.lo_off, plan.hi_off, 0.25, 8)

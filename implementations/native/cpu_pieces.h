@@ -29,13 +29,13 @@ static const bool kForkWatched =
 // so a thread slowed down (a shared machine's vCPU taken away) does fewer. One thread, one
 // item, a caller already inside a parallel region, or a forked child: one call
 // f(0, n_items). After an exception no new piece starts, and the first one is rethrown
-// once the region has ended.
+// once the region has ended. No items: one call f(0, 0), so the kernel still checks its
+// arguments.
 template <typename F>
 void run_in_pieces(int64_t n_items, int64_t pieces_per_thread, const F& f) {
-  if (n_items <= 0) return;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n_items);
   if (threads < 2 || at::in_parallel_region() || in_forked_child().load()) {
-    f(0, n_items);
+    f(0, std::max<int64_t>(n_items, 0));
     return;
   }
   const int64_t parts = std::min(n_items, threads * std::max<int64_t>(pieces_per_thread, 1));
