@@ -117,6 +117,57 @@ inline float dot(const float* x, const float* y, int64_t n) {
   return sum;
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// The 16 lanes' sums of 16 vectors at once: out lane i = the sum of acc[i]'s lanes, by the
+// same pairwise tree for every row (lanes l and l + 8, then + 4, + 2, + 1), so a row's sum
+// does not depend on which rows share its call. 45 shuffles and adds for 16 rows, where
+// dot() stores each row's vector and adds its lanes in a chain of 16.
+ATTNBENCH_TILE __m512 lane_sums16(const __m512* acc) {
+  __m512 s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i)  // rows 2i, 2i+1: their lanes j + (j + 8), 8 each
+    s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // 128-bit lane q: row 4i + q's 4 partial sums
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // lane q: 2 partials of row 8i + q, then 2 of row 8i + 4 + q
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+  // element 4q + j: row 4j + q
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88),
+                                 _mm512_shuffle_ps(u[0], u[1], 0xDD));
+  const __m512i order =
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, w);
+}
+#endif
+
+// out[i] = x[i, 0:n] . y[0:n] for rows i < m, ld apart: the kernels' one definition of a
+// row's dot with a shared vector (linear's denominators phi(Q_i) . z, forward and backward,
+// and causal rows' sums). On AVX-512, with n a multiple of 16, 16 rows are reduced together
+// (lane_sums16); else row by row with dot().
+inline void row_dots(const float* x, int64_t ld, int64_t m, const float* y, int64_t n,
+                     float* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (n % 16 == 0) {
+    for (int64_t i0 = 0; i0 < m; i0 += 16) {
+      const int64_t rows = std::min<int64_t>(16, m - i0);
+      __m512 acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < n; j += 16) {
+        const __m512 yj = _mm512_loadu_ps(y + j);
+        for (int i = 0; i < rows; ++i)
+          acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + (i0 + i) * ld + j), yj, acc[i]);
+      }
+      _mm512_mask_storeu_ps(out + i0, static_cast<__mmask16>((1u << rows) - 1),
+                            lane_sums16(acc));
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < m; ++i) out[i] = dot(x + i * ld, y, n);
+}
+
 inline void add_into(float* x, const float* y, int64_t n) {  // x += y
   int64_t j = 0;
   for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(x + j) + Vec::loadu(y + j)).store(x + j);
