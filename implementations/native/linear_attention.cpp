@@ -49,8 +49,8 @@
 // in interleaved calls (scratch, 2 threads, N = 4096 and 8192) the causal elu forward ran
 // 1.03x faster and the non-causal 1.01x.
 //
-// Each runs a range of its tasks per call with the GIL released; attnbench's split_work
-// hands the ranges to the CPU threads. Dv and FAVOR+'s m must be multiples of 16 (the
+// Each runs a range of its tasks per call with the GIL released; the *_parallel bindings
+// share a call's tasks out over the CPU threads in one parallel region (cpu_pieces.h). Dv and FAVOR+'s m must be multiples of 16 (the
 // tiles' width), and for the backwards D too.
 #include <torch/extension.h>
 

@@ -22,9 +22,10 @@
 // at N = 2048, mean relative error of 3 seeds: 2.89e-7 -> 2.87e-7 and 3.26e-7 -> 3.23e-7)
 // and no slower (scratch, N = 8192: 1-4% faster in 5 of 6 alternated pairs).
 //
-// The caller runs a range of (batch, head, block) tasks per call, with the GIL released:
-// attnbench's ``split_work`` hands ranges to the CPU threads (torch single-threaded on each,
-// so sgemm runs on its caller's thread, as in sdpa's CPU flash kernel). A call keeps one
+// A range of (batch, head, block) tasks runs per call, with the GIL released; the
+// *_parallel bindings share a call's tasks out over the CPU threads in one parallel region
+// (cpu_pieces.h; sgemm, where called, inside it on its caller's thread, as in sdpa's CPU
+// flash kernel). A call keeps one
 // score buffer in cache from task to task.
 //
 // Under autograd the forward also keeps each row's max and 1 / sum, and the backward
