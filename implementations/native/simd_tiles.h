@@ -81,9 +81,11 @@ inline float max_of(const float* x, int64_t n, float acc) {
 
 // The sum of a vector's lanes by a pairwise tree (halves, then quarters...): its rounding
 // error grows with log2 of the width, not with the width as a chain's does. In the softmax
-// sums (exp_sum) it lowered every error against float64 of sliding_window and block_sparse
-// at N = 2048 and 16384 (relative 0.3-1.2%; the largest element's at window 2K 9.20e-7 ->
-// 7.87e-7, bigbird 16K 6.41e-7 -> 5.60e-7; scratch run of the family suite's cases).
+// sums (exp_sum) it lowered every relative error against float64 of sliding_window and
+// block_sparse forwards in the family suite by up to 1.2% (none rose, 17 cases); the largest
+// single element's error moved both ways, up in 3 cases (window 2K 9.20e-7 -> 7.87e-7 and
+// bigbird 16K 6.41e-7 -> 5.60e-7, but window 4K 8.38e-7 -> 8.98e-7): which element comes out
+// worst is rounding luck (results/2026-12-03-family-cpu-xeon-heap against -final).
 inline float lane_sum(const Vec& v) {
   float lanes[Vec::size()];
   v.store(lanes);
