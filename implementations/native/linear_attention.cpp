@@ -50,8 +50,8 @@
 // 1.03x faster and the non-causal 1.01x.
 //
 // Each runs a range of its tasks per call with the GIL released; the *_parallel bindings
-// share a call's tasks out over the CPU threads in one parallel region (cpu_pieces.h). Dv and FAVOR+'s m must be multiples of 16 (the
-// tiles' width), and for the backwards D too.
+// share a call's tasks out over the CPU threads in one parallel region (cpu_pieces.h).
+// Dv and FAVOR+'s m must be multiples of 16 (the tiles' width), and for the backwards D too.
 #include <torch/extension.h>
 
 #include "cpu_pieces.h"

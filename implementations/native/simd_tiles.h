@@ -132,9 +132,10 @@ inline float dot(const float* x, const float* y, int64_t n) {
 
 #if defined(CPU_CAPABILITY_AVX512)
 // The 16 lanes' sums of 16 vectors at once: out lane i = the sum of acc[i]'s lanes, by the
-// same pairwise tree for every row (lanes l and l + 8, then + 4, + 2, + 1), so a row's sum
-// does not depend on which rows share its call. 45 shuffles and adds for 16 rows, where
-// dot() stores each row's vector and adds its lanes in a chain of 16.
+// same pairwise tree for every row (lanes l and l + 8, then + 4, + 2, + 1: lane_sum's tree,
+// in registers), so a row's sum does not depend on which rows share its call. 45 shuffles
+// and adds for 16 rows, where dot() stores each row's vector and adds its lanes in a chain
+// of 16.
 ATTNBENCH_TILE __m512 lane_sums16(const __m512* acc) {
   __m512 s[8], t[4], u[2];
   for (int i = 0; i < 8; ++i)  // rows 2i, 2i+1: their lanes j + (j + 8), 8 each
