@@ -2,6 +2,8 @@
 backward): their geometry against the masks' own definition, outputs and gradients against
 float64, their refusals, and the eager fallback when they are switched off."""
 
+import math
+
 import pytest
 import torch
 from kernel_paths import needs_native
@@ -144,6 +146,25 @@ def test_fused_forward_reads_strided_inputs():
     assert not q.is_contiguous()
     with torch.no_grad():
         assert torch.equal(f(q, k, v), f(inputs.q, inputs.k, inputs.v))
+
+
+@needs_kernel
+def test_scores_sum_over_d_in_two_halves():
+    """A score is two fp32 chains over d (each half of D), then their sum (simd_tiles.h,
+    score_half): key 0's score 2^24 + 1 + 1 (d = 0, 16, 17 of D = 32) keeps both ones,
+    which one chain rounds away (2^24 + 1 rounds to 2^24, twice). Key 1 scores 2^24, so
+    key 0 takes e^2 / (1 + e^2) of the weight, not half."""
+    n, d = 16, 32
+    q = torch.ones(1, 1, n, d)  # (B, H, N, D)
+    k = torch.zeros(1, 1, n, d)
+    k[0, 0, 0, 0], k[0, 0, 0, 16], k[0, 0, 0, 17] = 2.0**24, 1.0, 1.0
+    k[0, 0, 1, 0] = 2.0**24
+    v = torch.zeros(1, 1, n, 16)
+    v[0, 0, 0, 0] = 1.0
+    plan = segments.window_segments(n, n, n, n, 16)
+    out = segments.fused_forward(q, k, v, plan, 1.0)
+    expected = math.exp(2) / (1 + math.exp(2))
+    assert torch.allclose(out[0, 0, :, 0], torch.full((n,), expected), rtol=1e-5), out[0, 0, :, 0]
 
 
 @needs_kernel
