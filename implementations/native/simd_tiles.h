@@ -249,9 +249,10 @@ enum class Into { kStore, kChain, kAdd };
 // Where a score's sum over d splits: qk_tile sums d < score_half(D) and the rest as two FMA
 // chains, then adds them. A chain's rounding grows with its partial sums, which for the
 // scores of unit-variance q and k grow with sqrt(d). Against float64, halves lowered the
-// relative error of every sliding_window and block_sparse forward in the family suite by
-// 23-26% against one chain, quarters by 32-34%; they cost 0.5-2% and 4-7% of the forward's
-// time (scratch, interleaved A/B on the Xeon host), so halves it is.
+// relative error of every sliding_window and block_sparse record in the family suite by
+// 24-29% against one chain, outputs and gradients (results/2026-12-03-family-cpu-xeon-halves
+// against -final). Quarters lowered the forwards' by 32-34%, but cost 4-7% of their time
+// where halves cost 0.5-2% (scratch, interleaved A/B on the Xeon host).
 inline int64_t score_half(int64_t D) { return D / 2; }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -275,7 +276,7 @@ ATTNBENCH_TILE void qk_chain(const float* q, int64_t qs, const float* panels, in
 }
 
 // S[r, 0:16P] = alpha * sum_d Q[r, d] * panels[x][d, 0:16], r < R, x < P, the sum over d
-// in two halves (score_halves), the first parked in S until the second is added to it.
+// in two halves (score_half), the first parked in S until the second is added to it.
 template <int R, int P>
 ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panels, int64_t D,
                             float alpha, float* s, int64_t lds) {
