@@ -25,8 +25,7 @@
 // A range of (batch, head, block) tasks runs per call, with the GIL released; the
 // *_parallel bindings share a call's tasks out over the CPU threads in one parallel region
 // (cpu_pieces.h; sgemm, where called, inside it on its caller's thread, as in sdpa's CPU
-// flash kernel). A call keeps one
-// score buffer in cache from task to task.
+// flash kernel). A call keeps one score buffer in cache from task to task.
 //
 // Under autograd the forward also keeps each row's max and 1 / sum, and the backward
 // (segment_attention_backward) recomputes P from them block by block, as FlashAttention's

@@ -83,9 +83,10 @@ inline float max_of(const float* x, int64_t n, float acc) {
 // error grows with log2 of the width, not with the width as a chain's does. In the softmax
 // sums (exp_sum) it lowered every relative error against float64 of sliding_window and
 // block_sparse forwards in the family suite by up to 1.2% (none rose, 17 cases); the largest
-// single element's error moved both ways, up in 3 cases (window 2K 9.20e-7 -> 7.87e-7 and
-// bigbird 16K 6.41e-7 -> 5.60e-7, but window 4K 8.38e-7 -> 8.98e-7): which element comes out
-// worst is rounding luck (results/2026-12-03-family-cpu-xeon-heap against -final).
+// single element's error moved both ways: up in 3 cases (window 4K 8.38e-7 -> 8.98e-7 among
+// them), down in others (window 2K 9.20e-7 -> 7.87e-7, bigbird 16K 6.41e-7 -> 5.60e-7):
+// which element comes out worst is rounding luck (results/2026-12-03-family-cpu-xeon-heap
+// against -final).
 inline float lane_sum(const Vec& v) {
   float lanes[Vec::size()];
   v.store(lanes);
@@ -323,31 +324,37 @@ ATTNBENCH_TILE void pv_tile(const float* p, int64_t ldp, const float* v, int64_t
 constexpr int64_t kRows = 6;
 constexpr int kPanels = 1;
 
-// S[r, 0:16] = alpha * sum_d Q[r, d] * panels[d, 0:16], r < R (P = 1 only).
+// c0[r], c1[r] = sum_{d0 <= d < d1} Q[r, d] * panels[d, 0:8], panels[d, 8:16]: one FMA
+// chain per element.
+template <int R>
+ATTNBENCH_TILE void qk_chain(const float* q, int64_t qs, const float* panels, int64_t d0,
+                             int64_t d1, __m256 (&c0)[R], __m256 (&c1)[R]) {
+  for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+  for (int64_t d = d0; d < d1; ++d) {
+    const __m256 b0 = _mm256_loadu_ps(panels + d * kPanel);
+    const __m256 b1 = _mm256_loadu_ps(panels + d * kPanel + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(q + r * qs + d);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+}
+
+// S[r, 0:16] = alpha * sum_d Q[r, d] * panels[d, 0:16], r < R (P = 1 only), the sum over d
+// in two halves (score_half), as on AVX-512.
 template <int R, int P>
 ATTNBENCH_TILE void qk_tile(const float* q, int64_t qs, const float* panels, int64_t D,
                             float alpha, float* s, int64_t lds) {
   static_assert(P == 1, "the AVX2 tiles are one panel wide");
   __m256 c0[R], c1[R];
   const int64_t half = score_half(D);
-  for (int part = 0; part < 2; ++part) {  // the sum over d in halves, as on AVX-512
-    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
-    for (int64_t d = part ? half : 0; d < (part ? D : half); ++d) {
-      const __m256 b0 = _mm256_loadu_ps(panels + d * kPanel);
-      const __m256 b1 = _mm256_loadu_ps(panels + d * kPanel + 8);
-      for (int r = 0; r < R; ++r) {
-        const __m256 a = _mm256_broadcast_ss(q + r * qs + d);
-        c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-        c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-      }
-    }
-    if (part == 0) {
-      for (int r = 0; r < R; ++r) {
-        _mm256_storeu_ps(s + r * lds, c0[r]);
-        _mm256_storeu_ps(s + r * lds + 8, c1[r]);
-      }
-    }
+  qk_chain<R>(q, qs, panels, 0, half, c0, c1);
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(s + r * lds, c0[r]);
+    _mm256_storeu_ps(s + r * lds + 8, c1[r]);
   }
+  qk_chain<R>(q, qs, panels, half, D, c0, c1);
   const __m256 va = _mm256_set1_ps(alpha);
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(s + r * lds,
