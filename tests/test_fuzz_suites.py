@@ -29,7 +29,7 @@ AXES = ["batch", "heads_q", "heads_kv", "seq_len", "seq_q", "seq_k", "head_dim",
         "dtype", "mask", "mode", "seed", "device", "block_size", "block_band", "scale",
         "block_pairs", "feature_map", "additive_dim", "num_features", "linformer_k"]
 NAMES = AXES + ["backend", "name", "heads", "x", "", "seq_len ", "__class__"]
-TIMING = ["warmup_s", "budget_s", "min_reps", "max_reps", "timeout_s", "target_rel",
+TIMING = ["warmup_s", "rewarm_s", "budget_s", "min_reps", "max_reps", "timeout_s", "target_rel",
           "noise_threshold", "processes", "slow_dtype_factor", "bogus"]
 BACKENDS = ["naive", "sdpa", "linear", "additive", "nope", ""]
 WORDS = ["none", "causal", "window(16,0)", "window(-1,2)", "block_sparse(local)", "fwd",

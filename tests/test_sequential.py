@@ -83,9 +83,9 @@ def test_interleaved_rounds_go_on_until_the_claim_is_decided(fake_clock, ms_a, b
 
     rule = Sequential(LOOKS.rounds, sequential.ratio_decider([(0, 1, bound, None)], LOOKS))
     # without the rule, sampling would stop at 6 rounds (max_reps)
-    budget = TimingBudget(warmup_s=0.0, budget_s=0.0, min_reps=3, max_reps=6)
-    # the untimed call before each timed one (CPU) also advances the clock: every other
-    # value is timed, so the timed values cycle through the whole list
+    budget = TimingBudget(warmup_s=0.0, budget_s=0.0, min_reps=3, max_reps=6, rewarm_s=0.0)
+    # the untimed call before each timed one (CPU; one, with rewarm_s 0) also advances the
+    # clock: every other value is timed, so the timed values cycle through the whole list
     a, b = measure_interleaved(_closures(fake_clock, ms_a, [1.0]), "cpu", budget,
                                sequential=rule)
     assert a.stop == b.stop == stop and len(a.samples_ms) == rounds

@@ -84,6 +84,9 @@ HEAD = 'name = "tiny"\nbackends = ["naive"]\n'
     (HEAD + "[timing]\nbudget_s = -1\n[axes]\nseq_len = 8",
      "timing.budget_s = -1: must be a positive float"),
     (HEAD + "[timing]\ntarget_rel = 0.02\nnoise_threshold = 0.2\n[axes]\nseq_len = 8", None),
+    (HEAD + "[timing]\nrewarm_s = 0\n[axes]\nseq_len = 8", None),  # one untimed call
+    (HEAD + "[timing]\nrewarm_s = -0.01\n[axes]\nseq_len = 8",
+     "timing.rewarm_s = -0.01: must be a non-negative float (at most 60)"),
     (HEAD + "[timing]\nnoise_threshold = -1\n[axes]\nseq_len = 8",
      "timing.noise_threshold = -1: must be a positive float"),
     (HEAD + "[timing]\nmin_reps = 2.5\n[axes]\nseq_len = 8",

@@ -14,6 +14,10 @@ class TimingBudget:
     min_reps: int = 3
     max_reps: int = 100
     min_warmup: int = 1
+    # CPU, interleaved rounds: before each timed call, untimed calls of the same closure for
+    # at least this long (one at least). One call was not enough: a 2.4 ms call after a
+    # 180 ms neighbour still took 10-40% longer on its second call (docs/design.md, Measuring).
+    rewarm_s: float = 0.01
     target_rel: float = 0.05  # stop once the median's 95% interval is within this
     noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
     # a record whose own interval reaches farther than this from its median is flagged noisy

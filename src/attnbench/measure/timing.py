@@ -136,6 +136,15 @@ def _warm_up(fn, budget: TimingBudget, sync=lambda: None) -> None:
         n += 1
 
 
+def _rewarm(fn, seconds: float) -> None:
+    """Untimed calls of ``fn``: one, then more until ``seconds`` have passed since the first
+    began, so that a timed call finds the machine as its own calls leave it."""
+    start = clock()
+    fn()
+    while clock() - start < seconds:
+        fn()
+
+
 class _CudaSampler:
     """One cold (L2-flushed) CUDA-event sample per call; read back once per round."""
 
@@ -171,8 +180,9 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
                         ) -> list[Timing]:
     """Time closures in interleaved rounds: round i times each once, starting with closure
     i mod n, so sample i of every closure comes from the same moment of the machine. On CPU
-    each timed call follows an untimed call of the same closure (the caches as a closure
-    timed alone finds them, whatever its neighbour); on a GPU L2 is flushed before each.
+    each timed call follows untimed calls of the same closure, at least one and for at
+    least ``rewarm_s`` (the machine as a closure timed alone finds it, whatever its
+    neighbour or the probe left); on a GPU L2 is flushed before each.
     All stop together: when every closure is precise enough, or the budget (``budget_s``
     per closure) or ``max_reps`` is spent; with ``sequential``, when its claim is decided or
     its budget of rounds spent instead. ``probe`` (a DriftProbe) is read between rounds."""
@@ -191,6 +201,7 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
         probe.read()
     pairs = list(zip(fns, timings))
     rounds = 0
+    probed = probe is not None  # the probe ran since the last timed call
     while not stop:
         # Each round starts one closure later, so none always runs first.
         start_at = rounds % len(pairs)
@@ -204,14 +215,15 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
                 # 256 MiB of repeated K/V, read 12.0 ms to sdpa_flash's 7.9, which always ran
                 # after sdpa had read the same K/V: one kernel, 7.3 ms each timed alone. An
                 # untimed call of the same closure first gives every sample the state a
-                # closure timed alone sees.
-                if len(pairs) > 1:
-                    fn()
+                # closure timed alone sees. And not one call only: after a long neighbour
+                # (or the probe) a short call stays slow for a few milliseconds, so the
+                # untimed calls go on for ``rewarm_s``.
+                if len(pairs) > 1 or probed:
+                    _rewarm(fn, budget.rewarm_s)
                 _cpu_sample(fn, t.samples_ms)
         if cuda:
             sampler.settle()
-        if probe is not None:
-            probe.maybe_read()
+        probed = probe is not None and probe.maybe_read() is not None
         elapsed = clock() - start
         reasons = [stop_reason(t.samples_ms, budget, elapsed, len(fns)) for t in timings]
         if sequential is not None:

@@ -124,9 +124,14 @@ def pair_cost_s(case: Case, timing: TimingBudget, work_flops: float | None = Non
     per_call = ((work_flops if work_flops is not None else case.flops)
                 / NOMINAL_FLOPS.get(kind, NOMINAL_FLOPS["cpu"])
                 + case.bytes / NOMINAL_BYTES_PER_S.get(kind, NOMINAL_BYTES_PER_S["cpu"]))
-    primed = 2 if kind == "cpu" else 1  # on CPU an untimed call precedes each timed one
-    calls = timing.processes * (primed * timing.min_reps + UNTIMED_CALLS)
-    return pair_budget_s(timing) + calls * per_call
+    return pair_budget_s(timing) + timing.processes * (
+        timing.min_reps * timed_call_s(per_call, timing, kind) + UNTIMED_CALLS * per_call)
+
+
+def timed_call_s(t: float, timing: TimingBudget, kind: str) -> float:
+    """Wall seconds of one timed call that takes ``t`` seconds, with the untimed calls that
+    precede it: on CPU at least one, and for at least ``rewarm_s``; on a GPU none."""
+    return t + (max(t, timing.rewarm_s) if kind == "cpu" else 0.0)
 
 
 def make_plan(suite: Suite, jobs: list[tuple[Case, str]], device: str,
@@ -156,15 +161,15 @@ DEFAULT_EFFICIENCY = 0.25  # share of the matmul rate a call reaches, without an
 def call_pair_s(t: float, timing: TimingBudget, kind: str, rounds: int | None = None
                 ) -> float:
     """Wall seconds of one pair whose call takes ``t`` seconds: per worker process its
-    setup, warm-up and timed rounds (each timed call primed by an untimed one on CPU; the
-    repetitions the budget allows, within min and max, or ``rounds`` pooled over the
-    processes where a sequential claim sets them), then the untimed calls."""
+    setup, warm-up and timed rounds (``timed_call_s`` each; the repetitions the budget
+    allows, within min and max, or ``rounds`` pooled over the processes where a sequential
+    claim sets them), then the untimed calls."""
     share = timing.per_process()
-    primed = 2 if kind == "cpu" else 1
-    reps = min(max(share.min_reps, share.budget_s / (primed * t)), share.max_reps)
+    per_timed = timed_call_s(t, timing, kind)
+    reps = min(max(share.min_reps, share.budget_s / per_timed), share.max_reps)
     if rounds is not None:
         reps = max(reps, -(-rounds // timing.processes))
-    per_process = SETUP_S + max(share.warmup_s, share.min_warmup * t) + reps * primed * t
+    per_process = SETUP_S + max(share.warmup_s, share.min_warmup * t) + reps * per_timed
     return timing.processes * per_process + UNTIMED_CALLS * t
 
 

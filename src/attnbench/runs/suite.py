@@ -37,9 +37,10 @@ SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude", "devices")
 DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it runs on
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
-               "unsteady_rel": float, "processes": int, "slow_dtype_factor": float}
+               "unsteady_rel": float, "processes": int, "slow_dtype_factor": float,
+               "rewarm_s": float}
 # Upper bounds: beyond them a value is a typo, not a plan (a week, a million samples).
-TIMING_MAX = {"warmup_s": 3600.0, "budget_s": 86400.0, "timeout_s": 604800.0,
+TIMING_MAX = {"warmup_s": 3600.0, "rewarm_s": 60.0, "budget_s": 86400.0, "timeout_s": 604800.0,
               "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
               "noise_threshold": 100.0, "unsteady_rel": 100.0, "processes": 100}
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
@@ -431,10 +432,11 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
     for key, value in timing_raw.items():
         kind = TIMING_KEYS[key]
         number = not isinstance(value, bool) and isinstance(value, (int, float))
-        floor_ok = number and (value >= 0 if key == "warmup_s" else value > 0)
+        zero_ok = key in ("warmup_s", "rewarm_s")
+        floor_ok = number and (value >= 0 if zero_ok else value > 0)
         if not floor_ok or not math.isfinite(value) or value > TIMING_MAX.get(key, 1e6) or (
                 kind is int and not isinstance(value, int)):
-            sign = "non-negative" if key == "warmup_s" else "positive"
+            sign = "non-negative" if zero_ok else "positive"
             v.fail(f"timing.{key}", value, f"must be a {sign} {kind.__name__} "
                                            f"(at most {TIMING_MAX.get(key, 1e6):g})")
         timing[key] = value
