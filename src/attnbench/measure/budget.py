@@ -15,8 +15,9 @@ class TimingBudget:
     max_reps: int = 100
     min_warmup: int = 1
     # CPU, interleaved rounds: before each timed call, untimed calls of the same closure for
-    # at least this long (one at least). One call was not enough: a 2.4 ms call after a
-    # 180 ms neighbour still took 10-40% longer on its second call (docs/design.md, Measuring).
+    # at least this long (one at least). One call was not enough: a 2.4 ms call was still
+    # 14-43% slow on its second call after 130 ms of other work or of sleep (scratch;
+    # docs/design.md, Measuring).
     rewarm_s: float = 0.01
     target_rel: float = 0.05  # stop once the median's 95% interval is within this
     noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
