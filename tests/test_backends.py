@@ -112,8 +112,9 @@ def test_golden_three_scores(name):
 
 @pytest.mark.parametrize("name", exact_backends())
 def test_golden_two_tokens_with_projections(name):
-    # "What Are Q, K and V in Attention?" section 3: X (2, 4) and W_q, W_k, W_v (4, 3). The article's
-    # Q row 2 reads [2.30, 2.60, 2.90]; the formula gives [1.58, 1.84, 2.10] (see docs/errata.md).
+    # "What Are Q, K and V in Attention?" section 3: X (2, 4) and W_q, W_k, W_v (4, 3).
+    # The article's Q row 2 reads [2.30, 2.60, 2.90]; the formula gives [1.58, 1.84, 2.10]
+    # (see docs/errata.md).
     x = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]], dtype=torch.float64)
     base = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9], [1.0, 1.1, 1.2]],
                         dtype=torch.float64)
