@@ -4,10 +4,8 @@ A blocked backend (sliding_window, block_sparse, chunked linear) issues hundreds
 ops per call. Left to torch's intra-op threads, every op is its own OpenMP parallel region:
 its threads meet at a barrier hundreds of times a call, and where idle threads sleep
 (``OMP_WAIT_POLICY=PASSIVE``, as attnbench's workers run, or any shared machine) each
-region waits for them to wake. Recorded on 2 AVX2 vCPUs, window (255,0), N = 8192, H = 8
-(results/2026-12-01-window-threads-cpu-*): one op per region, 160 ms [147, 200] with
-sleeping threads, 77 ms [74, 81] with spinning ones, 125 ms on one thread; split as here,
-77 ms [71, 84] with sleeping threads.
+region waits for them to wake, which made such a backend far slower than with
+spinning threads.
 
 The fused kernels these backends are compared with (sdpa's flash kernel) parallelise once,
 over (batch, head, query block), each thread running its share serially. ``split_work``
@@ -15,8 +13,7 @@ does the same from Python: the items are cut into a few contiguous pieces per th
 threads (torch single-threaded on each; ops release the GIL) take pieces from one queue
 until it is empty, and torch's thread count is restored afterwards. Taking pieces rather
 than one fixed half each keeps both threads busy to the end when one of them is slowed
-(a shared machine's vCPU is now and then taken away): with fixed halves, sliding_window's
-two ranges at N = 8192 took 62 and 78 ms of one call. CPU only; a GPU tensor's ops are
+(a shared machine's vCPU is now and then taken away). CPU only; a GPU tensor's ops are
 asynchronous and gain nothing from it. The fused kernels (``native/``) share their tasks out
 the same way inside the kernel (``native/cpu_pieces.h``), without Python between pieces.
 """

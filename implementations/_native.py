@@ -1,8 +1,7 @@
 """attnbench's own C++ CPU kernels, compiled on first use with torch's extension builder.
 
-Eager PyTorch caps a blocked backend at the speed of its separate small ops: at N = 8192
-the profile of sliding_window's eager forward (results/2026-12-01-family-profile-cpu) spent
-17% in softmax and 18% in Python between ops, beside matmuls of 32 rows. A fused kernel
+Eager PyTorch caps a blocked backend at the speed of its separate small ops: a separate
+softmax pass, Python between ops and matmuls of a few rows each. A fused kernel
 (small products in register tiles, the softmax in one pass over a block's scores in cache)
 is what sdpa's own CPU flash kernel is, and what our blocked backends are compared with.
 
@@ -35,8 +34,8 @@ SOURCES = Path(__file__).with_name("native")
 DISABLE_ENV = "ATTNBENCH_NATIVE"
 ISA_ENV = "ATTNBENCH_NATIVE_ISA"
 # Build flags per instruction set, narrowest first. ATen's Vectorized takes its width from
-# the CPU_CAPABILITY macro, as in torch's own per-ISA kernel builds. On an AVX-512 host the
-# AVX2 build alone read frac_matmul 0.22-0.31 (results/2026-12-02-goals-avx512host-base).
+# the CPU_CAPABILITY macro, as in torch's own per-ISA kernel builds; an AVX-512 host gets
+# the AVX-512 build, since the AVX2 one leaves half of each vector unit idle.
 CFLAGS = {
     "avx2": ["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
     "avx512": ["-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",

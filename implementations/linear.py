@@ -46,8 +46,7 @@ CHUNK = 64  # keys per chunk of the causal prefix sum
 BLOCK = 2048  # causal: query rows per block, bounds the temporaries
 # Non-causal without autograd: elements of phi per streamed block. Larger than L2: each
 # block costs about ten small ops whose fixed cost (a few us each from Python) outweighs
-# the cache. elu, N = 8192, 2 threads, medians of 7 interleaved rounds: 2^17 28.3 ms,
-# 2^18 23.9, 2^19 24.8, 2^20 22.6; favor: 2^17 139 ms, 2^19 121, 2^20 120.
+# the cache.
 STREAM = 1 << 19
 QBUDGET = 1 << 23  # non-causal: elements of phi(Q) per block of query rows
 _SEED_SALT = 0xFA7012  # random features come from another stream than the inputs
@@ -270,7 +269,7 @@ def _causal_stream(qc, kc, vc, G, proj_s, half_scale, C, states=None):
     product inside the chunk, written in place into the output and divided by the same
     two terms with 1 in place of V: no ones column (V's width stays SIMD-friendly), no
     concatenations; the C x C products are masked by ``tril_`` (a broadcast boolean
-    ``masked_fill_`` took 18x as long). qc (B, Hq, N, D), kc (B, Hkv, N, D),
+    ``masked_fill_`` was far slower). qc (B, Hq, N, D), kc (B, Hkv, N, D),
     vc (B, Hkv, N, Dv). ``states`` (a dict) receives each K/V head's inclusive prefix sums
     (S, z) for the backward.
     """

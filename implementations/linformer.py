@@ -38,11 +38,9 @@ def projections(case, device=None, dtype=torch.float64) -> tuple[torch.Tensor, t
 
 
 # The (rows, k) scores of every query row at once leave a CPU's last-level cache as N grows
-# (B=1, H=8, k=256: 32 MiB at N = 4K), and then each row costs more than the last: the time
-# exponent over N = 1K..16K read 1.27 [1.21, 1.31] in 2026-12-01-family-cpu, against O(N k)
-# work. On CPU the query rows go in blocks whose scores fit SCORE_BLOCK_BYTES: 0.997
-# [0.96, 1.05] in 2026-12-01-family-cpu-2, and 119 ms at N = 16K against 244. A GPU takes
-# all rows in one launch.
+# (B=1, H=8, k=256: 32 MiB at N = 4K), and then each row costs more than the last, so the
+# time grows faster than the O(N k) work. On CPU the query rows go in blocks whose scores
+# fit SCORE_BLOCK_BYTES. A GPU takes all rows in one launch.
 SCORE_BLOCK_BYTES = {"cpu": 4 * 2**20}
 
 

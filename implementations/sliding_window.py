@@ -67,12 +67,8 @@ def _query_block(left: int, right: int) -> int:
 
 def _fused_block(left: int, right: int) -> int:
     """Rows per query block of the fused CPU forward (``_segment_attention``). With its
-    register tiles the block size matters little above 16 rows: at N = 8192, window
-    (255,0), 2 threads, medians of 11 interleaved rounds, 16 rows ran 54.5 ms, 24 55.5,
-    32 59.9, 40 56.1 and 64 59.0 (in an earlier comparison 32 rows 52.8, 48 58.4, 64 63.7).
-    With the AVX-512 4 x 64 tiles on the Xeon host (same measure): 16 rows 42.7 ms, 24
-    39.9, 32 37.5, 48 40.7, 64 40.9. 32 rows keep the wasted edge of a wide band small
-    (W = Bq + L + R)."""
+    register tiles the block size matters little above 16 rows; 32 rows keep the wasted edge
+    of a wide band small (W = Bq + L + R)."""
     return 16 if left + right + 1 <= 64 else 32
 
 
@@ -193,10 +189,8 @@ def window_bias(plan: WindowPlan, dtype: torch.dtype, device, group: int = 1) ->
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 # Scores per chunk: 2^17 fp32 scores (512 KiB) stay in a core's L2 between the two
-# matmuls and the softmax. Measured at N = 8192, window (255,0), 1 thread, as a fraction of
-# an interleaved 1024^3 matmul (thread CPU time): 2^16 0.44, 2^17 0.48, 2^18 0.47,
-# 2^19 (the former default) 0.46; 64-row blocks instead of 32 read no better (0.475) and
-# compute 11% more wasted scores.
+# matmuls and the softmax; larger chunks spill it, and 64-row blocks compute more wasted
+# scores for no gain.
 CHUNK_ELEMENTS = 1 << 17
 
 

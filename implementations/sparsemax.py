@@ -3,7 +3,7 @@
 ``out = sparsemax(scale * Q K^T) V`` where ``sparsemax(z) = argmin_{p in simplex} ||p - z||``
 is the Euclidean projection onto the probability simplex: ``p_j = max(z_j - tau, 0)`` with
 the threshold ``tau`` chosen so that the row sums to 1. Unlike softmax it gives exact zeros
-(000_7334e9e5ff8d2acf.txt, section 4.4, names it as the alternative to softmax's
+("Transformers and Attention 13", section 4.4, names it as the alternative to softmax's
 "everything gets some weight"). It is another function altogether (semantics DIFFERENT):
 ``err_impl`` is measured against its own float64 reference, ``err_vs_softmax`` stays empty.
 

@@ -88,7 +88,7 @@ def run_exact(name, q, k, v):
 
 @pytest.mark.parametrize("name", exact_backends())
 def test_golden_three_tokens(name):
-    # 000_7334e9e5ff8d2acf.txt section 7: X = [[1,0],[0,1],[1,1]], W = I, d_k = 2.
+    # "Transformers and Attention 13" section 7: X = [[1,0],[0,1],[1,1]], W = I, d_k = 2.
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])[None, None]
     out = run_exact(name, x, x, x)[0, 0].double()
     expected = torch.tensor([[0.802, 0.599], [0.599, 0.802], [0.752, 0.752]],
@@ -98,7 +98,7 @@ def test_golden_three_tokens(name):
 
 @pytest.mark.parametrize("name", exact_backends())
 def test_golden_three_scores(name):
-    # 002_84e81903a5872180.txt: scores 2.0, 5.0, 1.0 with d_k = 2 -> weights [0.102, 0.848, 0.050]
+    # "From Bit to AGI, ch. 5": scores 2.0, 5.0, 1.0 with d_k = 2 -> weights [0.102, 0.848, 0.050]
     # (the article's table prints 0.06 / 0.87 / ..., which disagrees with its own text).
     q = torch.tensor([[1.0, 0.0]])[None, None]
     k = torch.tensor([[2.0, 0.0], [5.0, 0.0], [1.0, 0.0]])[None, None]
@@ -112,8 +112,9 @@ def test_golden_three_scores(name):
 
 @pytest.mark.parametrize("name", exact_backends())
 def test_golden_two_tokens_with_projections(name):
-    # 003_5b56d55fa636903b.txt section 3: X (2, 4) and W_q, W_k, W_v (4, 3). The article's
-    # Q row 2 reads [2.30, 2.60, 2.90]; the formula gives [1.58, 1.84, 2.10] (see docs/errata.md).
+    # "What Are Q, K and V in Attention?" section 3: X (2, 4) and W_q, W_k, W_v (4, 3).
+    # The article's Q row 2 reads [2.30, 2.60, 2.90]; the formula gives [1.58, 1.84, 2.10]
+    # (see docs/errata.md).
     x = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]], dtype=torch.float64)
     base = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9], [1.0, 1.1, 1.2]],
                         dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Issue 21: what a new user meets first (--backends narrowing, --dry-run checks, ...)."""
+"""What a new user meets first (--backends narrowing, --dry-run checks, ...)."""
 
 from __future__ import annotations
 

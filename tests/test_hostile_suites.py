@@ -1,5 +1,5 @@
 """Hostile suites and command lines: each answered with one line and exit 2 (or a plan),
-before anything is expanded or run (issue 22's reproductions)."""
+before anything is expanded or run."""
 
 from __future__ import annotations
 

@@ -137,9 +137,9 @@ def test_every_record_is_built_by_one_constructor_and_round_trips():
         Record.new(case, "linear", "exploded")
 
 
-def test_readme_lists_every_declared_metric():
-    readme = (ROOT / "README.md").read_text()
-    assert metrics.markdown_table() in readme, "regenerate: python -m attnbench.core.metrics"
+def test_records_doc_lists_every_declared_metric():
+    doc = (ROOT / "docs" / "records.md").read_text()
+    assert metrics.markdown_table() in doc, "regenerate: python -m attnbench.core.metrics"
 
 
 def test_compare_direction_comes_from_the_declarations():
@@ -170,17 +170,6 @@ def test_work_is_counted_per_backend(name, case):
         assert case.flops <= work < case.flops_dense / 4
     if name == "block_sparse":  # the layout's tiles of a dense case
         assert work < case.flops_dense / 2
-
-
-def test_no_published_record_above_a_measured_ceiling():
-    for csv in sorted((ROOT / "results").glob("*/results.csv")):
-        df = pd.read_csv(csv)
-        if "format_version" not in df.columns:
-            continue  # runs recorded before work was counted per backend
-        ok = df[df["status"] == "ok"]
-        for col in ("frac_matmul", "frac_bandwidth"):
-            if col in ok.columns:
-                assert not (ok[col] > 1.0).any(), (csv, col, ok[col].max())
 
 
 def test_design_doc_is_in_the_repo_and_cited():

@@ -37,7 +37,7 @@ def band(nq, nk, left, right):
 
 
 def test_seed_article_three_tokens():
-    # 000_7334e9e5ff8d2acf.txt, section 7: x1=[1,0], x2=[0,1], x3=[1,1], W = I, d_k = 2.
+    # "Transformers and Attention 13", section 7: x1=[1,0], x2=[0,1], x3=[1,1], W = I, d_k = 2.
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)[None, None]
     out = attnbench.reference(x, x, x)[0, 0]
     weights = torch.softmax(x[0, 0] @ x[0, 0].T / math.sqrt(2), dim=-1)

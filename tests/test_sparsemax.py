@@ -68,7 +68,7 @@ def test_sorted_and_bisection_agree_and_have_the_papers_jacobian():
 
 
 def three_tokens():
-    # 000_7334e9e5ff8d2acf.txt section 7: X = [[1,0],[0,1],[1,1]], W = I, d_k = 2
+    # "Transformers and Attention 13" section 7: X = [[1,0],[0,1],[1,1]], W = I, d_k = 2
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])[None, None]
     return Case(batch=1, heads_q=1, heads_kv=1, seq_q=3, seq_k=3, head_dim=2, head_dim_v=2,
                 mode="fwd"), x
@@ -83,7 +83,7 @@ def test_seed_articles_examples():
     both = 1 / math.sqrt(2) + math.sqrt(2) - 2 * tau
     want = torch.tensor([[1.0, 0.5], [0.5, 1.0], [both, both]], dtype=torch.float64)
     assert torch.allclose(out, want, atol=1e-6)
-    # 002_84e81903a5872180.txt: scores 2, 5, 1 with d_k = 2, where softmax gives
+    # "From Bit to AGI, ch. 5": scores 2, 5, 1 with d_k = 2, where softmax gives
     # (0.102, 0.848, 0.050): the gap 5/sqrt2 - 2/sqrt2 > 1, so sparsemax keeps one key only
     q = torch.tensor([[1.0, 0.0]])[None, None]
     k = torch.tensor([[2.0, 0.0], [5.0, 0.0], [1.0, 0.0]])[None, None]

@@ -6,8 +6,8 @@
 //
 // In eager PyTorch the elementwise feature map (elu: an exp, a compare, a select; FAVOR+:
 // the projection's (N, m) result written out, shifted and exponentiated in separate passes)
-// cost about a third of the forward beside matmuls whose operands came from memory
-// (results/2026-12-01-family-profile-cpu). Here phi is computed for 64 rows at a time into a
+// cost a large share of the forward beside matmuls whose operands came from memory.
+// Here phi is computed for 64 rows at a time into a
 // buffer that stays in L1/L2 and consumed there by the register-blocked tiles of
 // simd_tiles.h:
 //
@@ -26,28 +26,12 @@
 // the sums of the earlier keys are rescaled (as flash attention rescales its running sums),
 // so no second pass over the keys is needed and exp cannot overflow.
 //
-// Where elu's non-causal forward spends its time (AVX2 on one Zen 3 core, each step timed
-// alone on a 64-row chunk in L1; scratch microbenchmark): the 64 x 64 x 64 tile product
-// 7.6 us (69 GF/s), phi = elu + 1 2.35 us, the chunk's sums 0.76 us. phi takes about 9
-// cycles per 8 floats, nearly all of it exp_u20's, on the same two FMA ports as the tiles;
-// a leaner exp without range masks was no faster, and ATen's fexp_u20 is off by up to 1e-4
-// (relative). With D = 64 each phi element feeds only 2 Dv = 128 flops, so phi alone adds
-// about 30% to each pass: before memory and the second core, the elu forward is bound
-// near 0.6 of the FMA rate (both passes ran at 53-56 GF/s alone on a core, where MKL's
-// sgemm of the same shapes ran 77).
-//
-// On one core of the Xeon host (AVX-512; scratch microbenchmark) the 4 x 64 tiles ran the
-// 64 x 64 x 64 product at MKL's rate from L1, yet each pass ran at about half of it: the
-// work around the tiles cost as much as the exp. The keys' sum z is now taken while phi is
-// in registers, and the chunk's product is added to the group's sums as the tiles store it
-// (no buffer written and read back); both give the same sums in the same order, so the
-// results are bitwise unchanged. The AVX-512 build's phi then takes a leaner exp
-// (simd_tiles.h's exp_nonpositive); the AVX2 build keeps exp_u20.
-//
-// The denominators phi(Q_i) . z and the causal chunk's row sums are reduced 16 rows at a
-// time (simd_tiles.h's row_dots) rather than row by row with a chain of 16 scalar adds each:
-// in interleaved calls (scratch, 2 threads, N = 4096 and 8192) the causal elu forward ran
-// 1.03x faster and the non-causal 1.01x.
+// phi shares the FMA ports with the tiles, so its exp is the elu forward's main cost beside
+// the products; the keys' sum z is taken while phi is in registers and the chunk's product
+// is added to the group's sums as the tiles store it, so no buffer is written and read back.
+// The AVX-512 build's phi takes a leaner exp (simd_tiles.h's exp_nonpositive); the AVX2
+// build keeps ATen's exp_u20. Denominators and row sums are reduced 16 rows at a time
+// (row_dots), not row by row. The tuning behind these choices: docs/tuning-log.md.
 //
 // Each runs a range of its tasks per call with the GIL released; the *_parallel bindings
 // share a call's tasks out over the CPU threads in one parallel region (cpu_pieces.h).
@@ -68,9 +52,8 @@ using namespace attnbench;
 
 constexpr int64_t kChunk = 64;  // rows of phi per step
 // Long sums over keys (or query rows) go in three levels: 64 rows in a tile's chain, 16
-// chunks in a group's buffer, then the groups. With two levels the last one is a chain of
-// N / 64 adds (128 at N = 8192), and FAVOR+'s S read errors 2-5% above the eager path's,
-// whose matmuls block their sums about so.
+// chunks in a group's buffer, then the groups: two levels leave a chain of N / 64 adds,
+// whose rounding error exceeds the eager path's blocked matmul sums.
 constexpr int64_t kGroup = 16;
 
 inline float elu1(float x) { return x > 0.f ? x + 1.f : std::exp(x); }  // the scalar tails'
@@ -296,10 +279,7 @@ void linear_state(const torch::Tensor& k, const torch::Tensor& v, const torch::T
       // to the group's sums as the tiles store it (Into::kAdd): three levels (kGroup), not
       // one fp32 chain. V's rows are read where they lie. Between the tiles, the next
       // chunk's K and V rows are prefetched: read in a burst after the tiles (K by phi, V by
-      // the tiles) they left the FMA units idle. Prefetched, the whole elu forward at
-      // N = 8192 ran 1.14x [1.04, 1.23] faster on the AMD EPYC host
-      // (results/2026-12-02-goals-amd-base against -goals-amd-pf-r1, -r2, -r4, all samples
-      // pooled; bootstrap).
+      // the tiles) they left the FMA units idle.
       const int64_t next = std::min(kChunk, Nk - j0 - r);
       RowsPrefetch next_k(kh + (j0 + r) * k.stride(2), k.stride(2), D, next, tiles);
       RowsPrefetch next_v(vh + (j0 + r) * v.stride(2), v.stride(2), Dv, next, tiles);
@@ -341,8 +321,7 @@ void linear_output(const torch::Tensor& q, const torch::Tensor& proj, const torc
   // tiles storing straight into `out` (fresh lines each block) ran at half their speed.
   std::vector<float> ot(static_cast<size_t>(kChunk * Dv));  // (kChunk, Dv)
   std::vector<float> den(static_cast<size_t>(kChunk));
-  // streamed stores made the whole linear forward 1.073x [1.02, 1.13] faster at N = 8192
-  // (results/2026-12-02-goals-avx512-r* against -avx512-nt-r*, all samples pooled)
+  // large outputs are written with streamed stores, which skip reading the lines first
   const bool stream = streams(out.numel());
   for (int64_t task = lo; task < hi; ++task) {
     const int64_t b = task % nb, bh = task / nb, h = bh % Hq, n = bh / Hq;

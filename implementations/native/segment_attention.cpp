@@ -11,16 +11,10 @@
 // at the end. Rows that see no key output 0.
 //
 // The two products run in register-blocked SIMD tiles (simd_tiles.h) when Dv is a
-// multiple of 16 (K packed once per head into 16-key panels), else in MKL's sgemm. On the
-// AMD AVX2 host, at N = 8192, window (255,0), 2 threads, the tiles took the forward from
-// 104 to 53 ms (32-row blocks) and block_sparse bigbird from 147 to 89 ms, medians of 9
-// interleaved rounds: MKL repacks both operands of every 32 x 287 x 64 call. The
-// exponential is ATen's exp_u20, the one its CPU flash-attention kernel uses; against
-// Sleef's exp it took the sgemm version from 64.7 to 61.4 ms and moved no output by more
-// than 2.4e-7. The AVX-512 build takes simd_tiles.h's exp_nonpositive instead (scores
-// less their row's max are never positive): closer to float64 (window (255,0) and bigbird
-// at N = 2048, mean relative error of 3 seeds: 2.89e-7 -> 2.87e-7 and 3.26e-7 -> 3.23e-7)
-// and no slower (scratch, N = 8192: 1-4% faster in 5 of 6 alternated pairs).
+// multiple of 16 (K packed once per head into 16-key panels), else in MKL's sgemm, which
+// repacks both operands of every small call. The exponential is ATen's exp_u20, the one its
+// CPU flash-attention kernel uses; the AVX-512 build takes simd_tiles.h's exp_nonpositive
+// (scores less their row's max are never positive), closer to float64 and no slower.
 //
 // A range of (batch, head, block) tasks runs per call, with the GIL released; the
 // *_parallel bindings share a call's tasks out over the CPU threads in one parallel region
@@ -64,11 +58,8 @@ void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 constexpr int64_t kSumRun = 64;  // keys per partial sum of P V
 // Query rows per partial sum of dK and dV: a block's runs are summed in a buffer, which is
 // then added to the head's sums once (a key's sums over many blocks, as bigbird's global
-// keys have, stay one add per block). Relative errors against float64 at N = 8192 (window
-// (255,0); bigbird), chains over whole blocks added straight to the head's sums: dk 3.27e-7;
-// 3.67e-7, dv 2.97e-7; 3.37e-7 (results/2026-12-03-family-cpu-xeon-bwd); so: dk 3.21e-7;
-// 3.48e-7, dv 2.89e-7; 3.16e-7 (scratch; the eager backward's records: dk 3.22e-7; 3.65e-7,
-// dv 2.91e-7; 3.33e-7, results/2026-12-02-family-cpu-xeon-exp).
+// keys have, stay one add per block), which keeps dK's and dV's rounding error below the
+// eager backward's.
 constexpr int64_t kRowRun = 16;
 
 struct Segment {
@@ -290,8 +281,7 @@ void segment_attention_forward(const torch::Tensor& q, const torch::Tensor& k,
         gemm('N', 'N', Dv, m, segs[t].len, 1.f, vseg, vs2, ps, w, first ? 0.f : 1.f, ot, Dv);
       } else {
         // in runs of kSumRun keys, each summed apart and then added: shorter fp32 chains
-        // than one over the whole span (window (255,0): the error against float64 fell from
-        // 3.22e-7 to 2.72e-7 at N = 1024, below the eager path's 2.86e-7)
+        // than one over the whole span, so the error against float64 stays below eager's
         for (int64_t j0 = 0; j0 < segs[t].len; j0 += kSumRun) {
           const int64_t len = std::min(kSumRun, segs[t].len - j0);
           const Into into = first && j0 == 0 ? Into::kStore : Into::kAdd;

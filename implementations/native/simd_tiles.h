@@ -15,8 +15,7 @@
 
 namespace attnbench {
 // Always inlined, with internal linkage: left to its heuristics gcc kept the tiles out of
-// line (the fused window forward ran 99 ms instead of 56 with external linkage; linear's
-// state pass ran at half speed once the unit grew by the causal kernel).
+// line, which slowed every kernel that uses them.
 namespace {
 
 #define ATTNBENCH_TILE inline __attribute__((always_inline))
@@ -28,11 +27,7 @@ using Vec = at::vec::Vectorized<float>;
 // a degree-3 polynomial on |r| <= ln2/32, scaled by 2^floor(n/16) with vscalefps (which
 // also gives the denormals, and 0 below -103.3); x below -104 is taken as -104, NaN stays
 // NaN. On AVX-512 every vector op shares ports 0 and 5 with the tiles' FMAs, so phi's cost
-// is the count of its exp's ops: 13 here, about 19 in exp_u20. Against float64 its error
-// was at most 1.7e-7 relative over [-104, 0] (3 million points; exp_u20: up to 20 ulp).
-// The elu forward at N = 8192 ran 1.09x [1.06, 1.12] faster with it on the Xeon host
-// (results/2026-12-02-goals-xeon-fused-r* against -goals-xeon-exp-r*, all samples pooled;
-// dense sdpa in the same runs: 1.01x [0.99, 1.03]).
+// is the count of its exp's ops: 13 here, about 19 in exp_u20, at float32 accuracy.
 inline __m512 exp_nonpositive(__m512 x) {
   const __m512 xm =
       _mm512_max_ps(_mm512_set1_ps(-104.f), _mm512_min_ps(_mm512_setzero_ps(), x));
@@ -80,13 +75,7 @@ inline float max_of(const float* x, int64_t n, float acc) {
 }
 
 // The sum of a vector's lanes by a pairwise tree (halves, then quarters...): its rounding
-// error grows with log2 of the width, not with the width as a chain's does. In the softmax
-// sums (exp_sum) it lowered every relative error against float64 of sliding_window and
-// block_sparse forwards in the family suite by up to 1.2% (none rose, 17 cases); the largest
-// single element's error moved both ways: up in 3 cases (window 4K 8.38e-7 -> 8.98e-7 among
-// them), down in others (window 2K 9.20e-7 -> 7.87e-7, bigbird 16K 6.41e-7 -> 5.60e-7):
-// which element comes out worst is rounding luck (results/2026-12-03-family-cpu-xeon-heap
-// against -final).
+// error grows with log2 of the width, not with the width as a chain's does.
 inline float lane_sum(const Vec& v) {
   float lanes[Vec::size()];
   v.store(lanes);
@@ -236,10 +225,8 @@ inline void scaled_store(const float* x, float* y, int64_t n, float s, bool stre
 //
 // AVX2: 6 rows x 1 panel, two 8-float ymm a row: 12 accumulators, the shape of BLIS's
 // Haswell sgemm kernel. AVX-512: 4 rows x 4 panels, four 16-float zmm a row: 16 chains in
-// flight for two FMA units of 4 cycles' latency, and 8 loads per 16 FMAs. The earlier
-// 8 x 16 tile (one zmm a row: 8 chains, 9 loads per 8 FMAs) ran its loop at 74-95 GF/s
-// on one core of the Xeon host with runtime sizes, where 4 x 64 ran 120-126 and MKL's
-// sgemm 122-125 (scratch microbenchmark, Q K^T and P V at 48 x 64 x 288).
+// flight for two FMA units of 4 cycles' latency, and 8 loads per 16 FMAs (a narrower
+// 8 x 16 tile had too few chains and too many loads to keep the FMA units busy).
 constexpr int64_t kPanel = 16;
 
 // Where a product's tiles put their sums: kStore overwrites the output, kChain continues
@@ -249,11 +236,8 @@ enum class Into { kStore, kChain, kAdd };
 
 // Where a score's sum over d splits: qk_tile sums d < score_half(D) and the rest as two FMA
 // chains, then adds them. A chain's rounding grows with its partial sums, which for the
-// scores of unit-variance q and k grow with sqrt(d). Against float64, halves lowered the
-// relative error of every sliding_window and block_sparse record in the family suite by
-// 24-29% against one chain, outputs and gradients (results/2026-12-03-family-cpu-xeon-halves
-// against -final). Quarters lowered the forwards' by 32-34%, but cost 4-7% of their time
-// where halves cost 0.5-2% (scratch, interleaved A/B on the Xeon host).
+// scores of unit-variance q and k grow with sqrt(d); two halves lower the error for little
+// time, where quarters cost more time than their extra accuracy is worth.
 inline int64_t score_half(int64_t D) { return D / 2; }
 
 #if defined(CPU_CAPABILITY_AVX512)

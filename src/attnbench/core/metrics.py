@@ -1,7 +1,8 @@
 """Every metric a record carries, declared once: unit, direction, format, report section, and
 how it is obtained. Tables, the report, compare, claims, the CSV's column order and the
-README's column list all read these declarations (``python -m attnbench.core.metrics`` prints
-the README table); adding a metric is one declaration here plus its measurement.
+column list in docs/records.md all read these declarations (``python -m
+attnbench.core.metrics`` prints the table); adding a metric is one declaration here plus
+its measurement.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def tabulated() -> list[Metric]:
 
 
 def markdown_table() -> str:
-    """The README's list of metric columns, generated from the declarations."""
+    """The metric columns' table (docs/records.md), generated from the declarations."""
     rows = ["| metric | unit | better | how |", "|---|---|---|---|"]
     for m in METRICS:
         rows.append(f"| `{m.name}` | {m.unit} | {m.better} | {m.how} |")

@@ -211,13 +211,11 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
                 sampler.sample(fn, t.samples_ms)  # after flushing L2
             else:
                 # On CPU nothing is flushed: a timed call would find the caches as the
-                # closure before it left them. In a decode group sdpa, always after naive's
-                # 256 MiB of repeated K/V, read 12.0 ms to sdpa_flash's 7.9, which always ran
-                # after sdpa had read the same K/V: one kernel, 7.3 ms each timed alone. An
-                # untimed call of the same closure first gives every sample the state a
-                # closure timed alone sees. And not one call only: after a long neighbour
-                # (or the probe) a short call stays slow for a few milliseconds, so the
-                # untimed calls go on for ``rewarm_s``.
+                # closure before it left them (a kernel after a neighbour that streamed the
+                # same K/V reads it from cache). An untimed call of the same closure first
+                # gives every sample the state a closure timed alone sees; after a long
+                # neighbour (or the probe) a short call stays slow for a few milliseconds,
+                # so the untimed calls go on for ``rewarm_s``.
                 if len(pairs) > 1 or probed:
                     _rewarm(fn, budget.rewarm_s)
                 _cpu_sample(fn, t.samples_ms)
