@@ -412,3 +412,44 @@ def test_compare_prints_device_state_before_the_verdicts(tmp_path, capsys, monke
 def test_pynvml_is_an_optional_extra():
     text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
     assert 'gpu = ["nvidia-ml-py"]' in text
+
+
+def test_the_report_of_a_run_shows_its_device_state_and_throttled_count(tmp_path):
+    """Through the report's own environment section, on a written run."""
+    from attnbench.core.case import Case
+    from attnbench.reporting.document import Table
+    from attnbench.reporting.report import Report
+    from attnbench.runs import dataset, record_files
+
+    run = tmp_path / "gpu-run"
+    run.mkdir()
+    state = {"sampled": ["nvml"], "not_readable": {}, "at_start": {"gpu_sm_mhz": 1980.0}}
+    record_files.write_meta(run, {"run_id": "gpu-run", "environment": {
+        "device": "cuda", "device_name": "Fake GPU", "device_state": state}})
+    with record_files.RecordWriter(run) as w:
+        for i, row in enumerate(GPU_ROWS):
+            case = Case(seq_q=256 * (i + 1), seq_k=256 * (i + 1))
+            w.write(Record.new(case, "sdpa", "ok", time_ms_median=1.0, **row).to_row()
+                    | {"run_id": "gpu-run"})
+    report = Report(dataset.load([run]), tmp_path / "rep")
+    (table,) = [b for b in report._environment() if isinstance(b, Table)]
+    column = table.frame.iloc[:, 0]
+    assert column["measured throttled"] == "1 of 2 records"
+    assert column["device state"].startswith("SM 1980 MHz (1590-1980)")
+
+
+def test_a_cpu_record_carries_the_host_frequency(tmp_path, monkeypatch):
+    """execute_group on a CPU: the record holds the frequency the fake host reports, and no
+    energy (no readable RAPL zone) and no throttle mark."""
+    from attnbench.core.case import Case
+    from attnbench.measure.case_cache import CaseCache
+    from attnbench.measure.execute import execute_group
+
+    fake_host(tmp_path, monkeypatch, cpufreq=[2_800_000, 3_200_000])
+    case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=16, seq_k=16, head_dim=8, head_dim_v=8)
+    budget = TimingBudget(warmup_s=0.0, budget_s=0.01, min_reps=2, max_reps=2)
+    (rec,) = execute_group([(case, "sdpa")], budget, CaseCache())
+    assert rec.status == "ok"
+    assert rec.info["cpu_mhz_begin"] == 3000.0 and rec.info["cpu_mhz_end"] == 3000.0
+    assert "energy_j" not in rec.info and "throttled" not in rec.info
+    assert "timing_method" not in rec.info  # a CPU times with perf_counter, as before

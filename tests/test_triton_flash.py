@@ -449,6 +449,7 @@ def test_gpu_check_rehearsal_with_faults_leaves_four_files_that_hold_the_whole_c
                                      "GPU_CHECK_REHEARSAL": str(suite),
                                      "GPU_CHECK_FAULTS": "segv@1,cuda@4",
                                      "CHECK_LIMIT_S": "400", "RUN_LIMIT_S": "300",
+                                     "METHODS_LIMIT_S": "300",
                                      "SUMMARY_LIMIT_S": "300", "REPORT_LIMIT_S": "1"})
     assert sorted(p.name for p in out.iterdir()) == [
         "correctness.json", "gpu-check.tar.gz", "log.txt", "summary.md"]
