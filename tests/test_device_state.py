@@ -102,11 +102,11 @@ def test_counter_delta_wraps_once():
 
 
 def test_throttle_appearing_mid_group_is_marked(monkeypatch):
-    """Readings at begin, during (every SAMPLE_EVERY_S after a timed call) and at end: the
-    clock falls from 1980 to 1590 MHz and a thermal slowdown appears in the middle."""
+    """Readings at begin, after the first timed call and every SAMPLE_EVERY_S after, and at
+    end: the clock falls from 1980 to 1590 MHz and a thermal slowdown appears mid-group."""
     clock = FakeClock()
     monkeypatch.setattr(device_state, "clock", clock)
-    fake = FakeNvml(sm=[1980, 1980, 1980, 1590, 1590], reasons=[0, 0, 0, 0x20 | 0x1, 0x1])
+    fake = FakeNvml(sm=[1980, 1980, 1980, 1590, 1590], reasons=[0, 0, 0, 0x20, 0x1])
     s = nvml_sampler(fake, monkeypatch)  # the factory reads once (1980, no reason)
     s.begin()
     for step in range(1, 4):
@@ -120,6 +120,19 @@ def test_throttle_appearing_mid_group_is_marked(monkeypatch):
     assert fields["throttled"] == ["sm clock fell 20% (1980 -> 1590 MHz)",
                                    "sw_thermal_slowdown"]
     assert is_throttled(fields["throttled"])
+
+
+def test_idle_readings_at_the_ends_of_a_group_mark_no_throttle(monkeypatch):
+    """Before the first call and after the last sync the GPU idles at a low clock: those
+    readings (gpu_idle set) are not a clock fall; a short group still has a busy reading."""
+    fake = FakeNvml(sm=[1980, 1410, 1980, 345], reasons=[0, 0x1, 0, 0x1])
+    s = nvml_sampler(fake, monkeypatch)  # the factory's reading: 1980
+    s.begin()  # idle, 1410
+    s.per_call(0)  # the first call is always read: busy, 1980
+    s.per_call(0)  # within SAMPLE_EVERY_S: not read
+    (fields,) = s.end([Timing(samples_ms=[1.0])])  # idle again at the end: 345
+    assert fields["throttled"] == [] and fields["gpu_sm_mhz"] == 1980
+    assert fields["device_readings"] == 3 and fields["gpu_throttle_reasons"] == ["gpu_idle"]
 
 
 def test_a_clock_rising_from_idle_or_an_idle_reason_is_no_throttle():

@@ -3,7 +3,7 @@ reasons and energy, as record fields (the samplers of ``measure/samplers.py``).
 
 - ``nvml`` (CUDA runs; the optional ``nvidia-ml-py``, ``pip install 'attnbench[gpu]'``): SM
   and memory clocks, power limit, temperature, throttle reasons by name, read at the start
-  and end of a group and, in long groups, every SAMPLE_EVERY_S after a timed call; energy
+  and end of a group, after its first timed call and then every SAMPLE_EVERY_S; energy
   from the total-energy counter, giving the group's mean power and ``energy_j`` per call.
 - ``cpu`` (CPU runs): the mean core frequency from cpufreq or /proc/cpuinfo, and package
   energy from RAPL (powercap) where this user may read it.
@@ -36,6 +36,7 @@ THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_p
                  0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
                  0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
                  0x100: "display_clock_setting"}
+GPU_IDLE = 0x1
 # The reasons that slow a kernel; idle, a user's clock setting or a sync boost do not.
 THROTTLING = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
               "hw_power_brake_slowdown")
@@ -155,7 +156,8 @@ class NvmlSampler:
 
     def begin(self) -> None:
         self.readings = [self.read()]
-        self.t0 = self.last = clock()
+        self.t0 = clock()
+        self.last = float("-inf")  # the first timed call is read: a short group has one too
         self.e0 = self._try_energy() if self.energy else None
 
     def per_call(self, index: int) -> None:
@@ -168,14 +170,17 @@ class NvmlSampler:
         e1 = self._try_energy() if self.e0 is not None else None
         t1 = clock()
         self.readings.append(self.read())
-        sm = [r["sm"] for r in self.readings]
+        # Clocks read while the GPU was idle (before the first call, after the last sync)
+        # are idle clocks, not throttled ones: the clock figures use the busy readings.
+        busy = [r for r in self.readings if not r["reasons"] & GPU_IDLE] or self.readings
+        sm = [r["sm"] for r in busy]
         mask = 0
         for r in self.readings:
             mask |= r["reasons"]
         reasons = reason_names(mask)
         group = {"gpu_sm_mhz": statistics.median(sm), "gpu_sm_mhz_min": min(sm),
                  "gpu_sm_mhz_max": max(sm),
-                 "gpu_mem_mhz": statistics.median(r["mem"] for r in self.readings),
+                 "gpu_mem_mhz": statistics.median(r["mem"] for r in busy),
                  "gpu_temp_c": max(r["temp"] for r in self.readings),
                  "gpu_throttle_reasons": reasons, "throttled": throttle_marks(sm, reasons),
                  "device_readings": len(self.readings)}
