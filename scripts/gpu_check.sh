@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh OUTDIR
 #
-# On a CUDA GPU (written for one H200: ~2.7 minutes predicted with a cold Triton cache; the
+# On a CUDA GPU (written for one H200: ~3 minutes predicted with a cold Triton cache; the
 # budget's arithmetic is in docs/gpu.md): (1) every GPU backend against the float64
 # reference on awkward shapes, and every triton_flash tuning candidate
 # (scripts/gpu_correctness.py, which also fills Triton's kernel cache), (2) suites/h200.toml,
-# ordered so that a run cut anywhere holds the core comparison, (3) its report and a summary
+# ordered so that a run cut anywhere holds the core comparison, (2b) four pairs under the
+# three timing methods and their agreement (timing-methods.json), (3) its report and a summary
 # of the suite's goals. At the top of OUTDIR: log.txt, summary.md, correctness.json and
 # gpu-check.tar.gz (the run and its report: the GPU machine returns only a few files, so
 # nothing else is left there). Without a GPU it prints one line and exits 2.
@@ -16,10 +17,10 @@
 # machine's own torch/triton are used.
 #
 # Time limits (seconds, overridable): CHECK_LIMIT_S=75 for the correctness step,
-# RUN_LIMIT_S=120 for the suite, REPORT_LIMIT_S=45 for the report, SUMMARY_LIMIT_S=15 for
-# the summary (interrupted steps keep what they finished; the report covers a partial run,
-# and a report cut by its limit can be rendered offline from the tarball). Every other command has its
-# own limit too (`bounded`), and a limit reached is logged as one (exit 124, or 137 after
+# RUN_LIMIT_S=120 for the suite, METHODS_LIMIT_S=30 for the timing methods,
+# REPORT_LIMIT_S=45 for the report, SUMMARY_LIMIT_S=15 for the summary (interrupted steps
+# keep what they finished; the report covers a partial run, and a report cut by its limit
+# can be rendered offline from the tarball). Every other command has its own limit too (`bounded`), and a limit reached is logged as one (exit 124, or 137 after
 # the grace period's SIGKILL). Steps 1 and 2 share one Triton and one inductor cache
 # (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR; set here unless already set), so step 1's
 # compiles, flex's included, are step 2's cache hits.
@@ -27,8 +28,9 @@
 # GPU_CHECK_REHEARSAL=SUITE rehearses the plumbing on a CPU (the tests do this, since the
 # real check has to work the first time a GPU is lent): any Python with torch, step 1 as
 # gpu_correctness.py --smoke (the Triton interpreter), step 2 runs SUITE on the CPU, and
-# steps 3 and the packing as on a GPU. GPU_CHECK_FAULTS (see gpu_correctness.py) injects
-# faults into step 1's tasks, to rehearse a crashed or poisoned worker.
+# steps 2b, 3 and the packing as on a GPU (2b's cudagraph and profiler are unsupported
+# there). GPU_CHECK_FAULTS (see gpu_correctness.py) injects faults into step 1's tasks, to
+# rehearse a crashed or poisoned worker.
 set -uo pipefail
 REHEARSAL=${GPU_CHECK_REHEARSAL:-}
 
@@ -116,7 +118,7 @@ fi
 stamp "repo $REPO ($(bounded 10 git rev-parse --short HEAD 2>/dev/null || echo '?')$(bounded 20 git diff --quiet 2>/dev/null || echo ', dirty')), output $OUT"
 stamp "caches: TRITON_CACHE_DIR=$TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR=$TORCHINDUCTOR_CACHE_DIR"
 if [ -n "$REHEARSAL" ]; then
-    stamp "REHEARSAL on the CPU: step 1 with --smoke, step 2 runs $REHEARSAL"
+    stamp "REHEARSAL on the CPU: step 1 with --smoke, step 2 runs $REHEARSAL, step 2b on the CPU"
     SUITE=$REHEARSAL DEVICE=cpu CHECK_ARGS=(--smoke) RUN_PREFIX=rehearsal
 else
     bounded 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
@@ -142,6 +144,16 @@ timeout -s INT -k 10 "${RUN_LIMIT_S:-120}" \
     --run-id "$RUN_ID" --no-report --no-progress
 rc=$?
 stamp "run exit code $rc$(limit_note $rc)$([ $rc -ge 124 ] && echo '; the run is partial')"
+[ $rc -eq 0 ] || status=1
+
+# Step 2b: a few pairs under each [timing] method (events, cudagraph, profiler) and their
+# agreement, into the tarball; after the suite, so a machine taken back early keeps it.
+stamp "step 2b/3: timing methods on 4 pairs -> timing-methods.json (limit ${METHODS_LIMIT_S:-30} s)"
+mkdir -p "$OUT/all"
+bounded "${METHODS_LIMIT_S:-30}" "$PY" scripts/timing_methods_check.py --device "$DEVICE" \
+    --out "$OUT/all/timing-methods.json"
+rc=$?
+stamp "timing methods exit code $rc$(limit_note $rc)"
 [ $rc -eq 0 ] || status=1
 
 stamp "step 3/3: summary (limit ${SUMMARY_LIMIT_S:-15} s) and report (limit ${REPORT_LIMIT_S:-45} s)"

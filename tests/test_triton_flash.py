@@ -449,6 +449,7 @@ def test_gpu_check_rehearsal_with_faults_leaves_four_files_that_hold_the_whole_c
                                      "GPU_CHECK_REHEARSAL": str(suite),
                                      "GPU_CHECK_FAULTS": "segv@1,cuda@4",
                                      "CHECK_LIMIT_S": "400", "RUN_LIMIT_S": "300",
+                                     "METHODS_LIMIT_S": "300",
                                      "SUMMARY_LIMIT_S": "300", "REPORT_LIMIT_S": "1"})
     assert sorted(p.name for p in out.iterdir()) == [
         "correctness.json", "gpu-check.tar.gz", "log.txt", "summary.md"]
@@ -479,7 +480,8 @@ def test_gpu_check_rehearsal_with_faults_leaves_four_files_that_hold_the_whole_c
         records = [json.loads(line) for line in
                    tar.extractfile(run_dir).read().decode().splitlines()]
     assert len(records) == 4 and {r["status"] for r in records} <= {"ok", "wrong"}
-    assert {"./summary.md", "./correctness.json"} <= set(names)
+    assert {"./summary.md", "./correctness.json", "./timing-methods.json"} <= set(names)
+    assert "step 2b/3" in log and "timing methods exit code 0\n" in log
     assert not any(n.endswith("/.lock") for n in names)
 
 

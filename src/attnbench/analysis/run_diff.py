@@ -201,10 +201,42 @@ def probe_move(base_meta: dict, new_meta: dict) -> str | None:
 def environment_difference(base_meta: dict, new_meta: dict) -> list[str]:
     """The environment fields that differ between two runs, as 'field: a -> b'."""
     a, b = base_meta.get("environment", {}), new_meta.get("environment", {})
-    skip = {"hostname"}
+    skip = {"hostname", "device_state"}  # device_state: device_state_difference says it
     return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b))
             if k not in skip and a.get(k) != b.get(k)]
 
 
+def _clock(meta: dict, df: pd.DataFrame, column: str, at_start: str) -> float | None:
+    """A run's clock: the median over its records, else the reading at its start."""
+    if column in df.columns and df[column].notna().any():
+        return float(df[column].dropna().median())
+    value = ((meta.get("environment") or {}).get("device_state") or {}).get(
+        "at_start", {}).get(at_start)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def device_state_difference(base_meta: dict, new_meta: dict, base: pd.DataFrame,
+                            new: pd.DataFrame) -> list[str]:
+    """What the device's state says between two runs, before any verdict on the code: a
+    clock that differs by more than CLOCK_DROP_REL, and records measured throttled."""
+    from attnbench.core.record import is_throttled
+    from attnbench.measure.device_state import CLOCK_DROP_REL
+
+    out = []
+    for what, column, at_start in (("GPU SM clock", "gpu_sm_mhz", "gpu_sm_mhz"),
+                                   ("CPU frequency", "cpu_mhz_begin", "cpu_mhz")):
+        a, b = (_clock(m, d, column, at_start) for m, d in ((base_meta, base), (new_meta, new)))
+        if a and b and abs(b - a) / max(a, b) > CLOCK_DROP_REL:
+            out.append(f"{what} {a:.0f} -> {b:.0f} MHz ({a / b:.3g}x the time at a "
+                       f"clock-bound rate): a cause beside the code")
+    counts = [int(d["throttled"].map(is_throttled).sum()) if "throttled" in d.columns else 0
+              for d in (base, new)]
+    if any(counts):
+        out.append(f"records measured throttled: {counts[0]} of {len(base)} -> {counts[1]} of "
+                   f"{len(new)}")
+    return out
+
+
 __all__ = ["MachineMove", "machine_move", "decide", "regressions", "change_counts",
-           "join_runs", "environment_difference", "ceiling_move", "probe_move"]
+           "join_runs", "environment_difference", "ceiling_move", "probe_move",
+           "device_state_difference"]

@@ -52,6 +52,8 @@ def run(args) -> int:
     diff = run_diff.environment_difference(base_meta, new_meta)
     if diff:
         print("environment differs: " + "; ".join(diff) + "\n")
+    for line in run_diff.device_state_difference(base_meta, new_meta, base, new):
+        print(f"device state: {line}\n")
     joined = run_diff.join_runs(base, new, args.metric)
     move = None if args.absolute else run_diff.machine_move(joined, args.metric,
                                                            args.threshold)

@@ -55,6 +55,33 @@ OPTIONAL_COLUMNS = {
     "triton_compiled_source": "where triton_compiled comes from: the binary that ran on the "
                               "GPU, or a compile for sm_90 without a GPU (interpreter runs)",
 }
+# The device's state while the record's group was measured (measure/device_state.py) and how
+# a GPU sample was taken (measure/timing_methods.py). Absent where not readable; records
+# written before them load without them.
+DEVICE_COLUMNS = {
+    "timing_method": "GPU: events (CUDA events, L2 flushed), cudagraph (N calls over input "
+                     "copies in one graph, the replay over N) or profiler (kernel device time)",
+    "graph_calls": "cudagraph: calls captured in the graph a sample replays",
+    "graph_copies": "cudagraph: input copies the calls rotate over (their total above 2x L2)",
+    "gpu_sm_mhz": "GPU SM clock over the group's readings, median (NVML)",
+    "gpu_sm_mhz_min": "GPU SM clock, lowest reading of the group",
+    "gpu_sm_mhz_max": "GPU SM clock, highest reading of the group",
+    "gpu_mem_mhz": "GPU memory clock, median of the group's readings",
+    "gpu_temp_c": "GPU temperature, highest reading of the group (C)",
+    "gpu_power_limit_w": "GPU power limit in force (W)",
+    "gpu_throttle_reasons": "NVML clock event reasons seen during the group, by name",
+    "device_readings": "device state readings in the group (start, end, and during long ones)",
+    "throttled": "why the group counts as measured throttled: an SM clock fall beyond "
+                 "CLOCK_DROP_REL, throttle reasons ([] = not throttled; absent = not known)",
+    "cpu_mhz_begin": "CPU: mean core frequency at the group's start (cpufreq or /proc/cpuinfo)",
+    "cpu_mhz_end": "CPU: mean core frequency at the group's end",
+    "power_w": "mean power over the group's rounds: energy counter difference / wall time",
+    "energy_j": "energy per call: the group's mean power x the record's median time",
+    "energy_source": "the energy counter read: nvml (GPU board) or rapl (CPU packages)",
+    "tflops_per_j": "TFLOP of the backend's work per joule (work_flops / energy_j)",
+    "sampler_error": "a device-state sampler that failed in this group (its fields are absent)",
+}
+OPTIONAL_COLUMNS |= DEVICE_COLUMNS
 
 
 @dataclass
@@ -109,3 +136,11 @@ class Record:
                 if k not in CASE_COLUMNS and k not in ("key", "backend", "status", "reason")}
         return cls.new(Case(**case_fields), row["backend"], row["status"],
                        row.get("reason") or "", **rest)
+
+
+def is_throttled(value) -> bool:
+    """Whether a record's ``throttled`` field marks it (a list in records.jsonl, its text in
+    results.csv; absent or NaN: not known, so not marked)."""
+    if isinstance(value, (list, tuple)):
+        return len(value) > 0
+    return isinstance(value, str) and value.strip() not in ("", "[]")

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+# How a GPU sample is taken (measure/timing_methods.py); a CPU times with perf_counter.
+TIMING_METHODS = ("events", "cudagraph", "profiler")
+
 
 @dataclass(frozen=True)
 class TimingBudget:
@@ -27,6 +30,7 @@ class TimingBudget:
     processes: int = 1  # fresh worker processes a group is timed in, samples pooled
     slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
     check_determinism: bool = False  # run the checked call twice, record bit-identity
+    method: str = "events"  # one of TIMING_METHODS
 
     def per_process(self) -> TimingBudget:
         """The share of the budget one of ``processes`` processes spends."""

@@ -23,11 +23,12 @@ from attnbench.core.case import Case, Inputs
 from attnbench.core.errors import NotSupported
 from attnbench.core.record import OPTIONAL_COLUMNS, Record
 from attnbench.core.registry import get_backend
-from attnbench.measure import probe, profiler
+from attnbench.measure import device_state, probe, profiler
 from attnbench.measure.case_cache import CaseCache
 from attnbench.measure.claim_rounds import FINAL_STOPS, ClaimRounds
 from attnbench.measure.memory import peak_memory_bytes
 from attnbench.measure.timing import Timing, TimingBudget, measure_interleaved
+from attnbench.measure.timing_methods import Copies, input_copy
 
 
 def one_line(exc: BaseException, limit: int = 300, prefix: str = "") -> str:
@@ -222,8 +223,17 @@ def timing_columns(case: Case, work: float, samples: list[float], stop: str,
 
 def _timing_columns(cand: Candidate, timing: Timing, budget: TimingBudget) -> dict:
     work = cand.backend.work_flops(cand.record.case)
-    return timing_columns(cand.record.case, work, timing.samples_ms, timing.stop,
+    cols = timing_columns(cand.record.case, work, timing.samples_ms, timing.stop,
                           timing.probe_readings, budget) | {"input_bytes": cand.inputs.nbytes}
+    return cols | timing.fields | device_state.tflops_per_j(timing.fields, work)
+
+
+def _copies(cand: Candidate) -> Copies:
+    """cudagraph: the pair set up again over k fresh copies of its inputs."""
+    def make(k: int) -> list:
+        return [cand.backend.prepare(cand.record.case, inputs).fn
+                for inputs in (input_copy(cand.inputs) for _ in range(k))]
+    return Copies(cand.inputs.nbytes, make)
 
 
 def merge_repeats(first: list[Record], repeats: list[list[Record]], budget: TimingBudget
@@ -311,7 +321,8 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
             until or claim.looks[-1])
         try:
             timings = measure_interleaved([_timed_fn(c) for c in timed], device, budget,
-                                          probe=drift, warm=True, sequential=rule)
+                                          probe=drift, warm=True, sequential=rule,
+                                          copies=[_copies(c) for c in timed])
         except Exception as exc:  # a closure failed mid-rounds: time each on its own
             if len(timed) == 1:
                 failure(timed[0].record, exc)
@@ -348,7 +359,7 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
 def _time_alone(cand: Candidate, budget: TimingBudget, drift) -> dict:
     try:
         timing = measure_interleaved([_timed_fn(cand)], cand.record.case.device, budget,
-                                     probe=drift, warm=True)[0]
+                                     probe=drift, warm=True, copies=[_copies(cand)])[0]
     except Exception as exc:
         failure(cand.record, exc)
         return {}

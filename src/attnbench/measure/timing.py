@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnbench.measure import samplers as sampler_registry
+from attnbench.measure import timing_methods
 from attnbench.measure.budget import TimingBudget  # noqa: F401  (its old import path)
+from attnbench.measure.timing_methods import l2_flush_buffer  # noqa: F401  (its old path)
 from attnbench.stats.intervals import Interval, median_interval
 
 # The CPU clock every timing here reads (seconds). A module attribute, so tests replace it
@@ -35,6 +38,7 @@ class Timing:
     samples_ms: list[float] = field(default_factory=list)
     stop: str = ""  # precision, budget or max_reps
     probe_readings: list[float] = field(default_factory=list)  # GFLOP/s between its rounds
+    fields: dict = field(default_factory=dict)  # record fields of the method and samplers
 
     @property
     def interval(self) -> Interval:
@@ -92,13 +96,6 @@ class Sequential:
         return "claim_share" if self.until is not None and done >= self.until else ""
 
 
-def l2_flush_buffer(device: torch.device) -> torch.Tensor:
-    """A buffer twice the GPU's L2: zeroing it before a call evicts what the last one left."""
-    props = torch.cuda.get_device_properties(device)
-    l2 = getattr(props, "L2_cache_size", 0) or 64 * 2**20
-    return torch.empty(int(2 * l2) // 4 + 1, dtype=torch.int32, device=device)
-
-
 def measure(fn: Callable[[], object], device: torch.device | str,
             budget: TimingBudget = TimingBudget(), warm: bool = False) -> Timing:
     """Samples of ``fn`` by time budget. ``warm``: fn has just run once (e.g. the checked
@@ -145,29 +142,6 @@ def _rewarm(fn, seconds: float) -> None:
         fn()
 
 
-class _CudaSampler:
-    """One cold (L2-flushed) CUDA-event sample per call; read back once per round."""
-
-    def __init__(self, dev: torch.device):
-        self.dev = dev
-        self.flush = l2_flush_buffer(dev)
-        self.pending: list[tuple[list[float], torch.cuda.Event, torch.cuda.Event]] = []
-
-    def sample(self, fn, into: list[float]) -> None:
-        self.flush.zero_()  # evict L2 so every repetition starts cold
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        self.pending.append((into, begin, end))
-
-    def settle(self) -> None:
-        torch.cuda.synchronize(self.dev)
-        for into, begin, end in self.pending:
-            into.append(begin.elapsed_time(end))
-        self.pending.clear()
-
-
 def _cpu_sample(fn, into: list[float]) -> None:
     t0 = clock()
     fn()
@@ -176,7 +150,9 @@ def _cpu_sample(fn, into: list[float]) -> None:
 
 def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | str,
                         budget: TimingBudget = TimingBudget(), probe=None,
-                        warm: bool = False, sequential: Sequential | None = None
+                        warm: bool = False, sequential: Sequential | None = None,
+                        samplers: list | None = None,
+                        copies: list[timing_methods.Copies | None] | None = None
                         ) -> list[Timing]:
     """Time closures in interleaved rounds: round i times each once, starting with closure
     i mod n, so sample i of every closure comes from the same moment of the machine. On CPU
@@ -185,30 +161,39 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     neighbour or the probe left); on a GPU L2 is flushed before each.
     All stop together: when every closure is precise enough, or the budget (``budget_s``
     per closure) or ``max_reps`` is spent; with ``sequential``, when its claim is decided or
-    its budget of rounds spent instead. ``probe`` (a DriftProbe) is read between rounds."""
+    its budget of rounds spent instead. ``probe`` (a DriftProbe) is read between rounds.
+    A GPU sample is taken by ``budget.method`` (timing_methods.py; ``copies``: per closure,
+    how to copy its inputs for ``cudagraph``). ``samplers`` (default: the registry's for
+    the device, samplers.py) read the device around the rounds and after each timed call;
+    their fields land in each Timing's ``fields``."""
     dev = torch.device(device)
+    method = timing_methods.for_device(budget.method, dev, copies)  # before any call
     if warm:
         budget = dataclasses.replace(budget, min_warmup=0)
-    cuda = dev.type == "cuda"
-    sampler = _CudaSampler(dev) if cuda else None
-    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
-    for fn in fns:
+    cuda = method is not None
+    sync = (lambda: timing_methods.cuda.synchronize(dev)) if cuda else (lambda: None)
+    for i, fn in enumerate(fns):
         _warm_up(fn, budget, sync)
+        if cuda:
+            method.prepare(i, fn)  # a graph is captured here, outside the timed rounds
     timings = [Timing() for _ in fns]
+    group = sampler_registry.Group(sampler_registry.for_device(dev) if samplers is None
+                                   else samplers)
+    group.begin()
     start = clock()
     stop = ""
     if probe is not None:
         probe.read()
-    pairs = list(zip(fns, timings))
+    pairs = list(enumerate(zip(fns, timings)))
     rounds = 0
     probed = probe is not None  # the probe ran since the last timed call
     while not stop:
         # Each round starts one closure later, so none always runs first.
         start_at = rounds % len(pairs)
         rounds += 1
-        for fn, t in pairs[start_at:] + pairs[:start_at]:
+        for i, (fn, t) in pairs[start_at:] + pairs[:start_at]:
             if cuda:
-                sampler.sample(fn, t.samples_ms)  # after flushing L2
+                method.sample(i, fn, t.samples_ms)  # after flushing L2
             else:
                 # On CPU nothing is flushed: a timed call would find the caches as the
                 # closure before it left them (a kernel after a neighbour that streamed the
@@ -219,8 +204,9 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
                 if len(pairs) > 1 or probed:
                     _rewarm(fn, budget.rewarm_s)
                 _cpu_sample(fn, t.samples_ms)
+            group.per_call(i)
         if cuda:
-            sampler.settle()
+            method.settle()
         probed = probe is not None and probe.maybe_read() is not None
         elapsed = clock() - start
         reasons = [stop_reason(t.samples_ms, budget, elapsed, len(fns)) for t in timings]
@@ -236,4 +222,6 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     for t in timings:
         t.stop = stop
         t.probe_readings = readings
+    for i, (t, more) in enumerate(zip(timings, group.end(timings))):
+        t.fields = (method.fields(i) if cuda else {}) | more
     return timings

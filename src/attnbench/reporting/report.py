@@ -20,6 +20,7 @@ from attnbench.analysis.claims import claims_table, pooled_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
 from attnbench.reporting import (
+    device_state_table,
     document,
     findings,
     guide_lines,
@@ -195,7 +196,7 @@ class Report:
 
     def _environment(self) -> list:
         out = [Heading(2, "Runs and environment"),
-               Table(findings.environment(self.runs),
+               Table(device_state_table.extend(findings.environment(self.runs), self.runs),
                      "One column per run: the device, versions, the ceilings measured at the "
                      "start of the run, how steady the drift probe stayed, the commit.")]
         over = ceiling_check(self.df)

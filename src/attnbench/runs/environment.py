@@ -99,7 +99,19 @@ def collect(device: str) -> dict:
             env["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
         except (OSError, subprocess.SubprocessError):
             pass
+    env["device_state"] = _device_state(device)
     return env
+
+
+def _device_state(device: str) -> dict:
+    """Which device-state samplers run, what is not readable here (said once per run, not
+    per record), and the state at the start (measure/device_state.py)."""
+    from attnbench.measure import device_state
+
+    try:
+        return device_state.describe(device)
+    except Exception as exc:  # information only: never costs the run
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
 
 
 # What makes two environments different for measuring: not the host name or the dirty flag.

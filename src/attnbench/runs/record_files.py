@@ -11,15 +11,15 @@ import pandas as pd
 
 from attnbench.core import metrics
 from attnbench.core.errors import BadInput
-from attnbench.core.record import IDENTITY_COLUMNS, STATUSES  # noqa: F401  (STATUSES re-exported)
+from attnbench.core.record import DEVICE_COLUMNS, IDENTITY_COLUMNS, STATUSES  # noqa: F401
 
 RECORDS = "records.jsonl"
 META = "meta.json"
 CSV = "results.csv"
 WORKER_LOG = "worker.log"  # what backends print, and a crashed worker's last words
 
-# results.csv's column order: identity, then the declared metrics, then everything else.
-LEADING_COLUMNS = [*IDENTITY_COLUMNS, *metrics.NAMES]
+# results.csv's column order: identity, the declared metrics, the device's state, the rest.
+LEADING_COLUMNS = [*IDENTITY_COLUMNS, *metrics.NAMES, *DEVICE_COLUMNS]
 
 
 def _clean(value):

@@ -22,7 +22,7 @@ from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
 from attnbench.core.masks import MASK_KINDS, MaskSpec
-from attnbench.measure.budget import TimingBudget
+from attnbench.measure.budget import TIMING_METHODS, TimingBudget
 from attnbench.runs import arith
 
 if sys.version_info >= (3, 11):
@@ -38,7 +38,7 @@ DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it run
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "unsteady_rel": float, "processes": int, "slow_dtype_factor": float,
-               "rewarm_s": float}
+               "rewarm_s": float, "method": str}
 # Upper bounds: beyond them a value is a typo, not a plan (a week, a million samples).
 TIMING_MAX = {"warmup_s": 3600.0, "rewarm_s": 60.0, "budget_s": 86400.0, "timeout_s": 604800.0,
               "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
@@ -431,6 +431,11 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
     timing = {}
     for key, value in timing_raw.items():
         kind = TIMING_KEYS[key]
+        if key == "method":  # how a GPU sample is taken (measure/timing_methods.py)
+            if value not in TIMING_METHODS:
+                v.fail("timing.method", value, f"must be one of {', '.join(TIMING_METHODS)}")
+            timing[key] = value
+            continue
         number = not isinstance(value, bool) and isinstance(value, (int, float))
         zero_ok = key in ("warmup_s", "rewarm_s")
         floor_ok = number and (value >= 0 if zero_ok else value > 0)
