@@ -235,14 +235,14 @@ def test_compare_with_a_run_without_records_says_so(results, tmp_path, capsys, s
     a = [str(results / "A"), str(empty)]
     assert cli("compare", *(a if side == "new" else a[::-1])) == 2
     err = one_line_error(capsys)
-    assert f"{empty}: run E has no records yet" in err and "--resume E" in err
+    assert f"{empty}: run E holds no record yet" in err and "--resume E" in err
 
 
 @pytest.mark.parametrize("with_file", [True, False], ids=["empty-records", "meta-only"])
 def test_report_on_a_run_without_records_says_so(tmp_path, capsys, with_file):
     empty = no_records(tmp_path / "E", with_file)
     assert cli("report", str(empty), "--out", str(tmp_path / "rep")) == 2
-    assert f"{empty}: run E has no records yet" in one_line_error(capsys)
+    assert f"{empty}: run E holds no record yet" in one_line_error(capsys)
     assert not (tmp_path / "rep").exists()
 
 

@@ -167,7 +167,7 @@ def read_records(run_dir: str | Path) -> list[dict]:
 def no_records_yet(where: str | Path, meta: dict) -> str:
     """The one line for a run that holds no record (stopped before its first pair ended)."""
     run_id = meta.get("run_id") or Path(where).name
-    return (f"{where}: run {run_id} has no records yet (stopped before its first pair "
+    return (f"{where}: run {run_id} holds no record yet (stopped before its first pair "
             f"finished?); allowed: a run with records (attnbench run --resume {run_id} "
             f"measures its pairs)")
 
