@@ -67,6 +67,7 @@ def test_bare_resume_replays_the_runs_own_suite_and_flags(tiny, tmp_path, capsys
     (out / "F" / RECORDS).write_text(lines[0] + "\n" + lines[1][:20])  # killed mid-write
     capsys.readouterr()
     assert run("--resume", "F", "--out", str(out)) == 0  # no --suite: the run's own
+    assert "the last line was cut off" in capsys.readouterr().err
     again = read_records(out / "F")
     assert sorted((r["key"], r["backend"]) for r in again) == \
         sorted((r["key"], r["backend"]) for r in full)

@@ -34,6 +34,7 @@ def run(args) -> int:
     from attnbench.analysis import run_diff
     from attnbench.core import metrics
     from attnbench.runs.merge import compare_sides
+    from attnbench.runs.record_files import no_records_yet
 
     try:
         metric = metrics.get(args.metric)
@@ -47,6 +48,10 @@ def run(args) -> int:
         raise BadInput(f"--threshold {args.threshold}: allowed: a relative change >= 0, "
                        f"e.g. 0.1")
     (base_meta, base), (new_meta, new) = compare_sides(args.base, args.new, args.runs)
+    for where, meta, side in ((args.base, base_meta, base), (args.new or args.base, new_meta,
+                                                              new)):
+        if side.empty:
+            raise BadInput(no_records_yet(where, meta))
     if args.metric not in base.columns and args.metric not in new.columns:
         raise BadInput(f"--metric {args.metric}: no record of either run has it")
     diff = run_diff.environment_difference(base_meta, new_meta)
@@ -83,13 +88,15 @@ def run(args) -> int:
               + ("" if args.allow_missing else " (they fail --fail-on-regression; "
                  "--allow-missing to accept)"))
         for _, r in only_base.head(20).iterrows():
-            print(f"  MISSING {r['backend']} {r['key']}")
+            print(f"  MISSING {r['backend']} {r['key']} (base: {r['status_base']})")
+        if len(only_base) > 20:
+            print(f"  ... and {len(only_base) - 20} more missing")
     if len(decided) - len(only_base) - len(only_new) == 0:
         print("nothing was compared: the runs share no (key, backend) pair")
         return 1 if args.fail_on_regression or args.fail_on_cannot_tell else 0
     if not args.allow_missing and len(only_base):
         bad = pd.concat([bad, only_base])
-    for _, r in bad.iterrows():
+    for _, r in bad[bad["status_new"].notna()].iterrows():  # (missing ones listed above)
         code = " (backend code changed)" if r["code_changed"] else ""
         print(f"  REGRESSION {r['backend']} {r['key']}: {r['status_base']} -> "
               f"{r['status_new']}{run_diff.ratio_text(r)}{code}")

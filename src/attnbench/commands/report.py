@@ -18,15 +18,21 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from attnbench.reporting.report import build_report
     from attnbench.runs import run_folder
-    from attnbench.runs.record_files import RECORDS, read_records
+    from attnbench.runs.record_files import (
+        META,
+        RECORDS,
+        no_records_yet,
+        read_meta,
+        read_records,
+    )
 
     runs = []
     for r in args.runs:
         p = Path(r)
-        if not (p / RECORDS).is_file():
+        if not (p / RECORDS).is_file() and not (p / META).is_file():
             raise BadInput(f"{r}: not a run directory (no {RECORDS} inside)")
         if not read_records(p):
-            raise BadInput(f"{p / RECORDS}: holds no record; allowed: a run with records")
+            raise BadInput(no_records_yet(r, read_meta(p)))
         runs.append(p)
     name = run_folder.check_name(args.name, "--name") if args.name else runs[0].name
     out = Path(args.out) if args.out else Path("reports") / name

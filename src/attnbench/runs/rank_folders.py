@@ -41,19 +41,6 @@ def save_rank(where: Path, shard_info: dict, meta: dict) -> None:
                          json.dumps(entry, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _raw_rows(path: Path) -> list[dict]:
-    """Every complete record line of a records file (a torn last line is left out)."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # only a killed writer's torn last line can fail to parse
-    return rows
-
-
 def _identity(row: dict) -> tuple:
     return row.get("key"), row.get("backend"), row.get("recorded_at")
 
@@ -82,18 +69,17 @@ def fold(run_dir: Path, meta: dict | None = None) -> int:
     if not folders:
         return 0
     main = run_dir / record_files.RECORDS
-    seen = {_identity(r) for r in _raw_rows(main)}
+    seen = {_identity(r) for r in record_files.record_lines(main)}
     new = []
     for d in folders:
-        for row in _raw_rows(d / record_files.RECORDS):
+        for row in record_files.record_lines(d / record_files.RECORDS):
             if _identity(row) not in seen:
                 seen.add(_identity(row))
                 new.append(row | {"rank": row.get("rank", int(d.name))})
     if new:
         new.sort(key=_when)  # stable: ranks' records interleaved as they were measured
+        record_files.mend_tail(main)  # a torn tail of a killed plain attempt
         text = main.read_text(encoding="utf-8") if main.exists() else ""
-        if text and not text.endswith("\n"):
-            text = text[: text.rfind("\n") + 1]  # a torn tail of a killed plain attempt
         record_files.write_atomic(main, text + "".join(json.dumps(r) + "\n" for r in new))
 
     if meta is None and (run_dir / record_files.META).exists():

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
 
 from attnbench.core import metrics
-from attnbench.core.errors import BadInput
-from attnbench.core.record import DEVICE_COLUMNS, IDENTITY_COLUMNS, STATUSES  # noqa: F401
+from attnbench.core.errors import BadInput, shown
+from attnbench.core.record import DEVICE_COLUMNS, IDENTITY_COLUMNS, STATUSES  # noqa: F401  (STATUSES re-exported)
 
 RECORDS = "records.jsonl"
 META = "meta.json"
@@ -29,13 +30,28 @@ def _clean(value):
     return value
 
 
-def _drop_torn_tail(path: Path) -> None:
-    """A run killed mid-write leaves a last line without its newline: cut it before appending."""
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+def mend_tail(path: Path) -> None:
+    """Before appending: a last line without its newline is cut off when it does not parse
+    (a kill mid-write; its pair runs again) and completed with its newline when it does."""
     if not path.exists():
         return
     data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        os.truncate(path, data.rfind(b"\n") + 1)  # in place: a kill now loses nothing more
+    if not data or data.endswith(b"\n"):
+        return
+    start = data.rfind(b"\n") + 1
+    if _parses(data[start:]):
+        with open(path, "ab") as fh:
+            fh.write(b"\n")
+    else:
+        os.truncate(path, start)  # in place: a kill now loses nothing more
 
 
 class RecordWriter:
@@ -44,7 +60,7 @@ class RecordWriter:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / RECORDS
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_torn_tail(self.path)
+        mend_tail(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
@@ -61,30 +77,99 @@ class RecordWriter:
         self.close()
 
 
-def read_records(run_dir: str | Path) -> list[dict]:
-    """The run's records, one per (key, backend) of each run id (a merged dataset holds
-    several runs): a pair run again (``--resume --retry``) supersedes its earlier record,
-    which stays in the file as history."""
-    path = Path(run_dir) / RECORDS
+# What every reader joins or counts a record by; a line without them is not a record.
+REQUIRED = ("key", "backend", "status")
+ALLOWED = f"allowed: one JSON object per line with {', '.join(REQUIRED)} (nothing was changed)"
+_told_cut: set[tuple] = set()  # cut-off tails already reported (said once per process)
+
+
+def _kind(value) -> str:
+    """What a JSON value that is not a record is, for the error line."""
+    if value is None or isinstance(value, bool):
+        return f"JSON {json.dumps(value)}"
+    if isinstance(value, list):
+        return "a JSON list"
+    if isinstance(value, str):
+        return "a JSON string"
+    if isinstance(value, (int, float)):
+        return "a JSON number"
+    missing = [k for k in REQUIRED if k not in value]
+    if missing:
+        return f"an object without {', '.join(missing)}"
+    wrong = next(k for k in REQUIRED if not (isinstance(value[k], str) and value[k]))
+    return f"its {wrong} is {shown(value[wrong], 40)}, not a non-empty string"
+
+
+def _is_record(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(value.get(k), str) and value[k] for k in REQUIRED)
+
+
+def _record(path: Path, n: int, raw: bytes) -> dict:
+    """Line ``n`` of ``path`` as a record; BadInput naming the line when it is not one."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        what = f"byte 0x{raw[exc.start]:02x} at column {exc.start + 1} is not UTF-8"
+    except json.JSONDecodeError as exc:
+        what = f"not JSON: {exc.msg} at column {exc.colno}"
+    else:
+        if _is_record(value):
+            return value
+        what = _kind(value)
+    raise BadInput(f"{path}:{n}: not a record ({what}); {ALLOWED}")
+
+
+def _tell_cut(path: Path, size: int) -> None:
+    told = (str(path.resolve()), size)
+    if told not in _told_cut:
+        _told_cut.add(told)
+        print(f"attnbench: {path}: the last line was cut off, probably by a kill; it is "
+              f"ignored and its pair will run again", file=sys.stderr)
+
+
+def record_lines(path: str | Path) -> list[dict]:
+    """Every record of a records file, in file order; the one reader of records files.
+
+    Each line must be a record (a JSON object with ``REQUIRED``): any other line is bad
+    input naming it. A last line without its newline that does not parse is what a kill
+    mid-write leaves: it is reported once and ignored (``mend_tail`` cuts it on resume)."""
+    path = Path(path)
     if not path.exists():
         return []
-    records = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if n == len(lines):  # a run killed mid-write leaves at most a torn last line
-                continue
-            raise BadInput(f"{path}:{n}: not a JSON record; allowed: one JSON object "
-                           f"per line") from None
-    def pair(r: dict) -> tuple:
-        return r.get("run_id"), r.get("key"), r.get("backend")
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with its newline
+    rows = [_record(path, n, raw) for n, raw in enumerate(lines, 1) if raw.strip()]
+    if tail.strip():
+        if _parses(tail):
+            rows.append(_record(path, len(lines) + 1, tail))
+        else:
+            _tell_cut(path, len(data))
+    return rows
 
-    latest = {pair(r): i for i, r in enumerate(records)}
-    return [r for i, r in enumerate(records) if latest[pair(r)] == i]
+
+def latest(records: list[dict]) -> list[dict]:
+    """One record per (run id, key, backend): a pair run again (``--resume --retry``)
+    supersedes its earlier record, which stays in the file as history."""
+    def pair(r: dict) -> tuple:
+        return r.get("run_id"), r["key"], r["backend"]
+
+    last = {pair(r): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[pair(r)] == i]
+
+
+def read_records(run_dir: str | Path) -> list[dict]:
+    """The run's records (a merged dataset holds several runs), the latest of each pair."""
+    return latest(record_lines(Path(run_dir) / RECORDS))
+
+
+def no_records_yet(where: str | Path, meta: dict) -> str:
+    """The one line for a run that holds no record (stopped before its first pair ended)."""
+    run_id = meta.get("run_id") or Path(where).name
+    return (f"{where}: run {run_id} holds no record yet (stopped before its first pair "
+            f"finished?); allowed: a run with records (attnbench run --resume {run_id} "
+            f"measures its pairs)")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -132,8 +217,8 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if p.is_file():
         if p.suffix == ".csv":
             return pd.read_csv(p)
-        return records_frame(read_records(p.parent))
-    if (p / RECORDS).exists():
+        return records_frame(latest(record_lines(p)))
+    if (p / RECORDS).exists() or (p / META).is_file():  # (a run before its first record)
         return records_frame(read_records(p))
     if p.is_dir():
         runs = sorted(d for d in p.iterdir() if (d / RECORDS).exists())
