@@ -369,9 +369,10 @@ def _pooled_headline(c: Comparison, top: pd.DataFrame) -> str | None:
     """The headline from each (case, backend)'s ratio pooled over the runs that measured
     it; None when no case was measured in two or more runs."""
     best = None
-    for (_, backend), g in top.groupby(["key", "backend"], sort=False):
+    for _, g in top.groupby([c for c in ("key", "backend") if c in top], sort=False):
         if g["run_id"].nunique() < 2:
             continue
+        backend = g.iloc[0]["backend"]
         p = pooling.random_effects([_interval(r) for _, r in g.iterrows()])
         if p is not None and (best is None or p.interval.estimate > best[0].interval.estimate):
             best = (p, backend, g.iloc[0])
