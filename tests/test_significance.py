@@ -92,7 +92,8 @@ def test_spread_from_replicates_removes_their_own_share():
     est = run_to_run.spread_from_replicates(ratios_, tight)
     assert est == pytest.approx(1.96 * 0.08, rel=0.15)
     # replicates that scatter no more than their own intervals add nothing
-    assert run_to_run.spread_from_replicates(ratios_, [_iv(1.0, 0.8, 1.25)]) == 0.0
+    assert run_to_run.spread_from_replicates(ratios_, [_iv(1.0, 0.7, 1.4)]) == 0.0
+    assert run_to_run.spread_from_replicates([1.0, 1.1], tight) is None
 
 
 def _record(backend, i, samples, probe=100.0, hash_="h"):

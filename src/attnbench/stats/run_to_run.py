@@ -6,8 +6,9 @@ that interval says. So a ratio of two runs' records carries a between-run compon
 to its own interval's half-width in quadrature on the log scale:
 
 * estimated, when replicate measurements exist: the records of unchanged code that agree
-  on the machine's move are replicates of one another, and their log-ratios' scatter
-  beyond their own intervals is the between-run spread of one record;
+  on the machine's move are replicates of one another, and how far 95% of their
+  log-ratios reach from their median, beyond their own intervals, is the between-run
+  half-width of one record;
 * never below ``FLOOR``, a declared 95% half-width (a relative change) that a rerun of the
   same code reaches on a shared CPU machine (docs/design.md, Statistics).
 """
@@ -23,13 +24,6 @@ from attnbench.stats.intervals import LEVEL, Interval
 # A rerun of unchanged code moves a record's median by up to this much (95% half-width,
 # relative) beyond its own interval; set from repeated CPU runs of one commit.
 FLOOR = 0.05
-_MAD_TO_SD = 1.4826  # a normal's standard deviation over its median absolute deviation
-
-
-def _z(level: float = LEVEL) -> float:
-    from scipy import stats as sps
-
-    return float(sps.norm.ppf(0.5 + level / 2))
 
 
 def log_half_width(iv: Interval) -> float:
@@ -41,16 +35,16 @@ def log_half_width(iv: Interval) -> float:
 
 def spread_from_replicates(ratios: list[float], intervals: list[Interval],
                            level: float = LEVEL) -> float | None:
-    """The between-run 95% half-width (log scale) that replicate ratios show: their robust
-    standard deviation (MAD) with their own intervals' typical share removed; None with
-    fewer than 3 replicates."""
+    """The between-run half-width at ``level`` (log scale) that replicate ratios show: the
+    ``level`` quantile of their distances from their median (reruns have heavy tails, so
+    no normal model), with their own intervals' typical half-width removed in quadrature;
+    None with fewer than 3 replicates."""
     logs = np.log([r for r in ratios if r > 0])
     if logs.size < 3:
         return None
-    sd = _MAD_TO_SD * float(np.median(np.abs(logs - np.median(logs))))
-    z = _z(level)
-    own = float(np.median([log_half_width(iv) / z for iv in intervals])) if intervals else 0.0
-    return z * math.sqrt(max(0.0, sd ** 2 - own ** 2))
+    reach = float(np.quantile(np.abs(logs - np.median(logs)), level))
+    own = float(np.median([log_half_width(iv) for iv in intervals])) if intervals else 0.0
+    return math.sqrt(max(0.0, reach ** 2 - own ** 2))
 
 
 def half_width(replicates: float | None = None) -> float:
