@@ -1,6 +1,6 @@
 """`attnbench compare` on hand-made runs with known samples: three answers (worse/better,
-unchanged, cannot tell), no verdict under 6 samples a side, the machine's move separated from the code, and
-the gate's exit codes. No timing is measured: every sample is injected."""
+unchanged, cannot tell), no verdict under 6 samples a side, the machine's move separated
+from the code, and the gate's exit codes. No timing is measured: every sample is injected."""
 
 from __future__ import annotations
 

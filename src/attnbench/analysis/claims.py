@@ -174,8 +174,9 @@ def claim_level(claim: dict) -> float:
 def pooled_table(runs: list[tuple[str, pd.DataFrame, list[dict]]]) -> pd.DataFrame:
     """Claims measured in two or more of ``runs`` (label, records, claims), one row each:
     every run's own interval, the random-effects pooled one (``stats.pooling``: the spread
-    between runs included, a t quantile on runs - 1 df) and the verdict on the pooled interval. A claim is matched across
-    runs by its text; its cases by their order (runs of one suite select the same cases)."""
+    between runs included, a t quantile on runs - 1 df) and the verdict on the pooled
+    interval. A claim is matched across runs by its text; its cases by their order (runs
+    of one suite select the same cases)."""
     by_text: dict[str, list[tuple[str, list[intervals.Interval]]]] = {}
     claim_of: dict[str, dict] = {}
     for label, df, claims in runs:
