@@ -209,3 +209,31 @@ def test_the_probe_moving_within_the_group_flags_it():
 def test_a_wide_own_interval_flags_it():
     assert noise.flags([1.0] * 6, 0.3, [], 0.25, 0.05) == ["samples"]
     assert noise.flags([1.0] * 6, 0.2, [], 0.25, 0.05) == []
+
+
+# ---------------------------------------------------------------- the pytest-benchmark gate
+
+
+def _gate():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "gate.py"
+    spec = importlib.util.spec_from_file_location("attnbench_gate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.gate
+
+
+def test_the_gate_calls_nothing_from_three_rounds_and_allows_for_a_rerun():
+    gate = _gate()
+    base3, new3 = [1.0, 1.01, 0.99], [1.12, 1.11, 1.13]
+    lines, failed = gate({"b": base3}, {"b": new3}, 0.1)
+    assert not failed and "cannot tell" in lines[0] and "fewer than 6 samples" in lines[0]
+    # 6 rounds a side, a 3% shift: inside the run-to-run floor, not a regression
+    base = [1.0, 1.001, 0.999, 1.002, 0.998, 1.0]
+    lines, failed = gate({"b": base}, {"b": [x * 1.03 for x in base]}, 0.02)
+    assert not failed and "0 worse" in lines[-1]
+    # a 30% slowdown is a regression
+    lines, failed = gate({"b": base}, {"b": [x * 1.3 for x in base]}, 0.1)
+    assert failed and lines[0].startswith("worse")
