@@ -240,3 +240,19 @@ def test_compare_significant_but_below_threshold_is_unchanged():
     verdict, iv = _compare(base, new, threshold=0.1, lower_is_better=True)
     assert iv.low > 1 and iv.estimate == pytest.approx(1.03, abs=0.01)
     assert verdict == "unchanged"
+
+
+def test_an_exponent_from_few_samples_carries_its_coverage():
+    import pandas as pd
+
+    from attnbench.stats.fits import exponent_interval
+
+    rng = np.random.default_rng(1)
+    rows = [{"seq_q": n, "time_ms_median": 1e-6 * n * n,
+             "samples_ms": list(1e-6 * n * n * rng.lognormal(0, 0.05, k))}
+            for n in (256, 512, 1024) for k in (3,)]
+    iv = exponent_interval(pd.DataFrame(rows))
+    assert iv.confidence == pytest.approx(0.75) and intervals.coverage_note(iv.confidence)
+    rows = [r | {"samples_ms": list(1e-6 * r["seq_q"] ** 2 * rng.lognormal(0, 0.05, 8))}
+            for r in rows]
+    assert exponent_interval(pd.DataFrame(rows)).confidence == 0.95

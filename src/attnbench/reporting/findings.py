@@ -284,8 +284,7 @@ def _probe(meta: dict) -> str:
     spread = (f"spread {p['spread']:.0%} of its median" if p.get("spread") is not None
               else "one reading, no spread")
     return (f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s, {spread}; "
-            f"{p.get('noisy_records', 0)} record(s) noisy (moved more than "
-            f"{p.get('noise_threshold', 0):.0%})")
+            f"{p.get('noisy_records', 0)} record(s) flagged noisy")
 
 
 def _ranks(meta: dict) -> str:
@@ -413,7 +412,9 @@ def unsteady_headline(df: pd.DataFrame) -> str | None:
     by = noisy["noisy_by"].fillna("probe").astype(str) if "noisy_by" in noisy \
         else pd.Series(["probe"] * len(noisy))
     parts = [f"{int(by.str.contains(s).sum())} by {what}" for s, what in
-             (("probe", "the drift probe"), ("samples", "their own interval's width"))
+             (("probe", "the drift probe moving within their group"),
+              ("spread", "a spread over twice the probe's"),
+              ("samples", "their own interval's width"))
              if by.str.contains(s).any()]
     runs = sorted(set(noisy["run_id"])) if "run_id" in noisy else []
     where = f" (runs: {', '.join(map(str, runs))})" if len(runs) > 1 else ""

@@ -67,6 +67,8 @@ def exponent_interval(d: pd.DataFrame, n_boot: int = 400) -> intervals.Interval 
     # a bootstrap of medians from few samples covers less than it says: quote the coverage
     # the fewest samples' median interval reaches, as every other interval does
     fewest = min(len(x) for x in by_n.values())
+    if fewest == 1 and low == high == slope:  # medians without samples: a point, as a value
+        return intervals.Interval(slope, slope, slope, 1.0, len(by_n), "point")
     confidence = min(intervals.LEVEL, intervals.median_ranks(fewest)[2])
     return intervals.Interval(slope, float(min(low, slope)), float(max(high, slope)),
                               confidence, len(by_n), "bootstrap-fit")
