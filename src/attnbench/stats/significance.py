@@ -36,7 +36,6 @@ from attnbench.stats.intervals import (
 # (the range of 5 samples covers 94%), so no verdict is drawn from them.
 MIN_SAMPLES = 6
 WORSE, BETTER, UNCHANGED, CANNOT_TELL = "worse", "better", "unchanged", "cannot tell"
-VERDICTS = (WORSE, BETTER, UNCHANGED, CANNOT_TELL)
 RULE = ("a difference is called only when the ratio's 95% interval (paired rounds, else a "
         "bootstrap of the ratio of medians) excludes 1, from at least "
         f"{MIN_SAMPLES} samples a side")
