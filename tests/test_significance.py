@@ -237,3 +237,20 @@ def test_the_gate_calls_nothing_from_three_rounds_and_allows_for_a_rerun():
     # a 30% slowdown is a regression
     lines, failed = gate({"b": base}, {"b": [x * 1.3 for x in base]}, 0.1)
     assert failed and lines[0].startswith("worse")
+
+
+def test_the_record_flag_follows_the_rule_not_the_probe_scatter():
+    """Wired where records get their columns: a shared machine's scattered probe alone
+    leaves a steady record unflagged (the old flag set it on any probe spread over 10%)."""
+    from attnbench.core.case import Case
+    from attnbench.measure.budget import TimingBudget
+    from attnbench.measure.execute import timing_columns
+
+    case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=8, seq_k=8, head_dim=4, head_dim_v=4)
+    shared = [100.0, 60.0, 140.0, 90.0, 120.0, 70.0, 130.0, 95.0]
+    steady = list(2.0 * np.exp(np.linspace(-0.03, 0.03, 12)))
+    cols = timing_columns(case, 1e6, steady, "budget", shared, TimingBudget())
+    assert cols["noisy"] is False and "noisy_by" not in cols
+    moved = [100.0, 101.0, 99.0, 100.5, 70.0, 71.0, 69.5, 70.5]
+    cols = timing_columns(case, 1e6, steady, "budget", moved, TimingBudget())
+    assert cols["noisy"] is True and cols["noisy_by"] == "probe"
