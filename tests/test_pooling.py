@@ -47,12 +47,19 @@ def test_three_runs_with_a_normal_quantile_would_hold_and_with_t_do_not():
 
 
 def test_scattered_runs_widen_past_their_own_errors():
-    """Hartung-Knapp re-estimates the variance from the runs' scatter: when they disagree
-    beyond tau's estimate, the multiplier exceeds 1."""
+    """Hartung-Knapp re-estimates the variance from the runs' scatter about the pooled
+    value: here it exceeds what tau and the runs' errors give (multiplier above 1)."""
     runs = [_iv(1.0, 0.98, 1.02), _iv(1.3, 1.27, 1.33), _iv(1.1, 1.08, 1.12),
-            _iv(1.25, 1.22, 1.28)]
+            _iv(1.25, 1.22, 1.28), _iv(1.02, 1.0, 1.04)]
     pooled = pooling.random_effects(runs)
-    assert pooled.interval.contains(1.15) and pooled.interval.low < 1.05
+    y = np.log([r.estimate for r in runs])
+    w = 1 / (np.array([pooling.log_se(r) for r in runs]) ** 2 + pooled.tau ** 2)
+    mu = float(np.sum(w * y) / np.sum(w))
+    scatter = float(np.sum(w * (y - mu) ** 2)) / (len(runs) - 1)
+    half = math.log(pooled.interval.high / pooled.interval.estimate)
+    t4 = 2.7764451051977987
+    assert half == pytest.approx(t4 * math.sqrt(max(1.0, scatter) / np.sum(w)), rel=1e-6)
+    assert pooled.interval.method == "hartung-knapp" and pooled.runs == 5
 
 
 def test_disagreeing_runs_add_their_spread():
