@@ -1,6 +1,6 @@
 """`attnbench compare` on hand-made runs with known samples: three answers (worse/better,
-unchanged, cannot tell), power at n = 3, the machine's move separated from the code, and
-the gate's exit codes. No timing is measured: every sample is injected."""
+unchanged, cannot tell), no verdict under 6 samples a side, the machine's move separated
+from the code, and the gate's exit codes. No timing is measured: every sample is injected."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attnbench.cli import main
-from attnbench.stats import intervals
+from attnbench.stats import intervals, significance
 
 BACKENDS = ("sdpa", "naive", "linear")
 SIZES = (256, 512, 1024, 2048)
@@ -42,11 +42,11 @@ def _write(path, records) -> str:
     return str(path)
 
 
-def test_three_times_slower_at_n3_is_worse_not_unchanged(tmp_path, capsys):
-    """Mann-Whitney cannot go below p = 0.10 at 3 samples a side; the interval of the ratio
-    of medians can, and the other backends (same code) show the machine did not move."""
-    base = _write(tmp_path / "base", _records(3))
-    new = _write(tmp_path / "new", _records(3, {"sdpa": 3.0}))
+def test_three_times_slower_at_n6_is_worse_not_unchanged(tmp_path, capsys):
+    """The interval of the ratio of medians excludes 1 from 6 samples a side, and the other
+    backends (same code) show the machine did not move."""
+    base = _write(tmp_path / "base", _records(6))
+    new = _write(tmp_path / "new", _records(6, {"sdpa": 3.0}))
     assert main(["compare", base, new, "--fail-on-regression"]) == 1
     out = capsys.readouterr().out
     assert out.count("REGRESSION sdpa") == 4 and "REGRESSION naive" not in out
@@ -54,8 +54,8 @@ def test_three_times_slower_at_n3_is_worse_not_unchanged(tmp_path, capsys):
 
 
 def test_a_machine_slower_for_everyone_is_named_and_flags_no_backend(tmp_path, capsys):
-    base = _write(tmp_path / "base", _records(3))
-    new = _write(tmp_path / "new", _records(3, {b: 1.3 for b in BACKENDS}))
+    base = _write(tmp_path / "base", _records(6))
+    new = _write(tmp_path / "new", _records(6, {b: 1.3 for b in BACKENDS}))
     assert main(["compare", base, new, "--fail-on-regression"]) == 0
     out = capsys.readouterr().out
     assert "the machine moved 1.3x" in out and "0 worse" in out
@@ -90,7 +90,8 @@ def test_change_verdict_answers(new_scale, expected):
     new = [x * new_scale for x in (10.0, 10.1, 9.9, 10.05, 9.95, 10.02)]
     if expected == "cannot tell":  # a wide spread straddling the 10% threshold
         new = [9.0, 14.0, 11.0, 10.0, 13.0, 12.5]
-    verdict, iv, _ = intervals.compare_samples(base, new, 0.1, lower_is_better=True)
+    iv = intervals.ratio_interval(new, base)
+    verdict = significance.decide(iv, 0.1, lower_is_better=True)
     assert verdict == expected, iv
 
 
@@ -98,7 +99,7 @@ def test_when_the_backends_disagree_the_probe_tells_the_machine(tmp_path, capsys
     """Two backends, one 3x slower: the backends alone cannot say whether the machine or
     the code moved; the drift probe (unchanged) says the machine did not."""
     def two(scale):
-        return [r | {"probe_gflops": 100.0} for r in _records(3, scale)
+        return [r | {"probe_gflops": 100.0} for r in _records(6, scale)
                 if r["backend"] in ("sdpa", "naive")]
 
     base = _write(tmp_path / "base", two({}))

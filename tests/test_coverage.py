@@ -19,7 +19,7 @@ def test_a_wide_sample_interval_is_flagged_whatever_the_probe_says():
     steady_probe = [100.0, 101.0, 100.5]  # the probe saw a steady machine
     wide = [1.0, 1.0, 1.05, 1.1, 1.0, 3.5, 1.02, 2.9]  # interval reaches 3.5 from ~1.03
     cols = timing_columns(CASE, 1e6, wide, "budget", steady_probe, budget)
-    assert cols["noisy"] is True and cols["noisy_by"] == "samples"
+    assert cols["noisy"] is True and cols["noisy_by"] == "spread+samples"
     tight = [1.0, 1.01, 1.02, 0.99, 1.0, 1.01]
     cols = timing_columns(CASE, 1e6, tight, "precision", steady_probe, budget)
     assert cols["noisy"] is False and "noisy_by" not in cols
@@ -27,7 +27,7 @@ def test_a_wide_sample_interval_is_flagged_whatever_the_probe_says():
     cols = timing_columns(CASE, 1e6, wide, "budget", [], budget)
     assert cols["noisy"] is True and cols["noisy_by"] == "samples"
     # both
-    cols = timing_columns(CASE, 1e6, wide, "budget", [50.0, 100.0], budget)
+    cols = timing_columns(CASE, 1e6, wide, "budget", [100.0, 101.0, 50.0, 51.0], budget)
     assert cols["noisy_by"] == "probe+samples"
 
 

@@ -331,7 +331,7 @@ def test_headings_state_their_unit_once():
     assert metrics.get("time_ms_median").heading == "Median time (ms)"
 
 
-def test_a_multi_run_headline_names_its_run():
+def test_a_multi_run_headline_quotes_the_pooled_figure_not_the_best_run():
     import pandas as pd
 
     from attnbench.analysis.comparisons import Comparison
@@ -341,4 +341,6 @@ def test_a_multi_run_headline_names_its_run():
                         "speedup_high": s + .1, "significant": True, "significance": ""}
                        for run, s in (("run-a", 2.0), ("run-b", 3.0))])
     line = comparison_headline(Comparison("c", "base", ("fast",)), sp)
-    assert "run run-b" in line, line
+    assert "run run-b" not in line and "3x [" not in line, line
+    assert "pooled over 2 runs, Hartung-Knapp t quantile with 1 df" in line, line
+    assert "per run 2-3x" in line, line

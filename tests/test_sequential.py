@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from attnbench.stats import sequential
-from attnbench.stats.intervals import interval_verdict, median_interval
+from attnbench.stats.intervals import median_interval
+from attnbench.stats.significance import interval_verdict
 
 LOOKS = sequential.Looks((8, 16, 24, 32))
 

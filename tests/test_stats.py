@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbench.stats import intervals
+from attnbench.stats import intervals, significance
 from attnbench.stats.intervals import Interval
 
 # ---------------------------------------------------------------- median interval
@@ -58,7 +58,7 @@ def test_single_sample_says_nothing():
     assert (iv.low, iv.estimate, iv.high, iv.n) == (4.0, 4.0, 4.0, 1)
     assert iv.confidence == 0.0
     assert iv.half_width_rel == math.inf
-    assert intervals.interval_verdict(iv, 3.0, 5.0) == "inconclusive"
+    assert significance.interval_verdict(iv, 3.0, 5.0) == "inconclusive"
 
 
 def test_median_interval_rejects_bad_input():
@@ -166,18 +166,6 @@ def test_ratio_interval_single_sample_side_has_no_confidence():
         intervals.ratio_interval([1.0], [])
 
 
-# ---------------------------------------------------------------- Mann-Whitney
-
-
-def test_mann_whitney():
-    assert intervals.mann_whitney([1.0], [2.0, 3.0]) == 1.0
-    assert intervals.mann_whitney([2.0, 2.0, 2.0], [2.0, 2.0]) == 1.0
-    # complete separation, 2 vs 2: exact two-sided p = 2 / C(4, 2)
-    assert intervals.mann_whitney([1.0, 2.0], [3.0, 4.0]) == pytest.approx(1 / 3)
-    # complete separation, 5 vs 5: 2 / C(10, 5)
-    assert intervals.mann_whitney(np.arange(5.0), np.arange(5.0) + 10) == pytest.approx(2 / 252)
-
-
 # ---------------------------------------------------------------- verdicts
 
 
@@ -196,16 +184,21 @@ def test_mann_whitney():
 ])
 def test_interval_verdict(low, high, expected):
     iv = Interval(2.0, 1.9, 2.1, 0.95, 20, "order-statistics")
-    assert intervals.interval_verdict(iv, low, high) == expected
+    assert significance.interval_verdict(iv, low, high) == expected
 
 
 def test_exact_point_verdicts():
     point = Interval(3.0, 3.0, 3.0, 1.0, 1, "point")  # e.g. a memory ratio, no noise
-    assert intervals.interval_verdict(point, 2.0, 4.0) == "holds"
-    assert intervals.interval_verdict(point, 3.5, None) == "does not hold"
+    assert significance.interval_verdict(point, 2.0, 4.0) == "holds"
+    assert significance.interval_verdict(point, 3.5, None) == "does not hold"
 
 
 # ---------------------------------------------------------------- compare_samples
+
+
+def _compare(base, new, threshold, lower_is_better):
+    iv = intervals.ratio_interval(new, base)
+    return significance.decide(iv, threshold, lower_is_better), iv
 
 
 def _timings(rng, n, scale):
@@ -215,35 +208,51 @@ def _timings(rng, n, scale):
 def test_compare_clear_slowdown_is_worse():
     rng = np.random.default_rng(11)
     base, new = _timings(rng, 30, 1.0), _timings(rng, 30, 1.3)
-    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=True)
-    assert verdict == "worse" and p < 1e-6
+    verdict, iv = _compare(base, new, threshold=0.1, lower_is_better=True)
+    assert verdict == "worse"
     assert iv.contains(1.3) and iv.low > 1.1
     # the same change in a higher-is-better metric (e.g. throughput) is an improvement
-    verdict, _, _ = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=False)
+    verdict, _ = _compare(base, new, threshold=0.1, lower_is_better=False)
     assert verdict == "better"
     # and the reverse direction
-    assert intervals.compare_samples(new, base, 0.1, lower_is_better=True)[0] == "better"
-    assert intervals.compare_samples(new, base, 0.1, lower_is_better=False)[0] == "worse"
+    assert _compare(new, base, 0.1, lower_is_better=True)[0] == "better"
+    assert _compare(new, base, 0.1, lower_is_better=False)[0] == "worse"
 
 
 def test_compare_identical_distributions_is_unchanged():
     rng = np.random.default_rng(5)
     base, new = _timings(rng, 30, 1.0), _timings(rng, 30, 1.0)
-    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.05, lower_is_better=True)
-    assert verdict == "unchanged" and p > 0.05 and iv.contains(1.0)
+    verdict, iv = _compare(base, new, threshold=0.05, lower_is_better=True)
+    assert verdict == "unchanged" and iv.contains(1.0)
 
 
 def test_compare_two_samples_cannot_tell():
     rng = np.random.default_rng(11)
     base, new = _timings(rng, 2, 1.0), _timings(rng, 2, 1.3)
-    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=True)
-    assert verdict == "cannot tell" and p >= 1 / 3 and iv.estimate > 1.1
+    verdict, iv = _compare(base, new, threshold=0.1, lower_is_better=True)
+    assert verdict == "cannot tell" and iv.estimate > 1.1
 
 
 def test_compare_significant_but_below_threshold_is_unchanged():
     rng = np.random.default_rng(2)
     base = 1.00 * rng.lognormal(0.0, 0.005, 50)
     new = 1.03 * rng.lognormal(0.0, 0.005, 50)
-    verdict, iv, p = intervals.compare_samples(base, new, threshold=0.1, lower_is_better=True)
-    assert p < 1e-6 and iv.estimate == pytest.approx(1.03, abs=0.01)
+    verdict, iv = _compare(base, new, threshold=0.1, lower_is_better=True)
+    assert iv.low > 1 and iv.estimate == pytest.approx(1.03, abs=0.01)
     assert verdict == "unchanged"
+
+
+def test_an_exponent_from_few_samples_carries_its_coverage():
+    import pandas as pd
+
+    from attnbench.stats.fits import exponent_interval
+
+    rng = np.random.default_rng(1)
+    rows = [{"seq_q": n, "time_ms_median": 1e-6 * n * n,
+             "samples_ms": list(1e-6 * n * n * rng.lognormal(0, 0.05, k))}
+            for n in (256, 512, 1024) for k in (3,)]
+    iv = exponent_interval(pd.DataFrame(rows))
+    assert iv.confidence == pytest.approx(0.75) and intervals.coverage_note(iv.confidence)
+    rows = [r | {"samples_ms": list(1e-6 * r["seq_q"] ** 2 * rng.lognormal(0, 0.05, 8))}
+            for r in rows]
+    assert exponent_interval(pd.DataFrame(rows)).confidence == 0.95

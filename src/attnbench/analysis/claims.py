@@ -17,7 +17,9 @@ interleaved rounds: from the per-round ratios; otherwise a bootstrap of the rati
 medians), and the verdict is ``holds`` (the interval inside the range), ``does not hold``
 (outside) or ``inconclusive`` (it straddles a bound, or covers less than 95%). The report
 prints them side by side; over several runs of one suite, ``pooled_table`` gives each claim
-one random-effects estimate beside every run's own.
+one random-effects estimate with a Hartung-Knapp interval (``stats.pooling``) beside every
+run's own. A verdict needs the interval to be one the significance rule accepts
+(``stats.significance``: at least ``MIN_SAMPLES`` samples, coverage at the level).
 
 A ratio claim of timed medians may declare ``rounds = [8, 16, 24, 32]``: the looks of its
 sequential rule (``stats.sequential``). Its pair is timed in rounds until the ratio's
@@ -43,7 +45,7 @@ from attnbench.analysis.claim_checks import (  # noqa: F401
 )
 from attnbench.core import metrics
 from attnbench.core.where import case_matches, where_mask
-from attnbench.stats import intervals, pooling, ratios, sequential
+from attnbench.stats import intervals, pooling, ratios, sequential, significance
 from attnbench.stats.fits import exponent_interval
 
 
@@ -130,7 +132,7 @@ def verdict(measured: list[intervals.Interval], expected,
         return "recorded"
     low = expected[0]
     high = expected[1] if len(expected) > 1 else None
-    each = {intervals.interval_verdict(iv, low, high, level) for iv in measured}
+    each = {significance.interval_verdict(iv, low, high, level) for iv in measured}
     if len(each) == 1:
         return each.pop()
     if each == {"holds", "does not hold"}:
@@ -172,8 +174,9 @@ def claim_level(claim: dict) -> float:
 def pooled_table(runs: list[tuple[str, pd.DataFrame, list[dict]]]) -> pd.DataFrame:
     """Claims measured in two or more of ``runs`` (label, records, claims), one row each:
     every run's own interval, the random-effects pooled one (``stats.pooling``: the spread
-    between runs included) and the verdict on the pooled interval. A claim is matched across
-    runs by its text; its cases by their order (runs of one suite select the same cases)."""
+    between runs included, a t quantile on runs - 1 df) and the verdict on the pooled
+    interval. A claim is matched across runs by its text; its cases by their order (runs
+    of one suite select the same cases)."""
     by_text: dict[str, list[tuple[str, list[intervals.Interval]]]] = {}
     claim_of: dict[str, dict] = {}
     for label, df, claims in runs:
@@ -202,8 +205,8 @@ def pooled_table(runs: list[tuple[str, pd.DataFrame, list[dict]]]) -> pd.DataFra
             rows.append(row | {"pooled (95% interval)": "a run has no interval",
                                "between-run sd": "-", "verdict": "not pooled"})
             continue
-        row["pooled (95% interval)"] = (", ".join(_fmt(p.interval) for p in pooled)
-                                        + f" {unit}").strip() + f" ({len(per_run)} runs)"
+        row["pooled (95% interval)"] = (", ".join(_fmt(p.interval) for p in pooled) + f" {unit}"
+                                        ).strip() + f" ({pooling.describe(len(per_run))})"
         row["between-run sd"] = ", ".join(f"{math.expm1(p.tau):.0%}" for p in pooled)
         row["verdict"] = verdict([p.interval for p in pooled], c.get("expected"))
         rows.append(row)

@@ -1,17 +1,23 @@
 """Compare two runs record by record: joined on (key, backend), new / base of a metric.
 
 The metric's declaration says which direction is worse. With raw samples on both sides (the
-time metrics), a change is decided from the bootstrap interval of the ratio of medians
-(``stats.intervals.change_verdict``) with three answers: ``worse`` / ``better`` (the
-interval excludes 1 and the estimate is beyond the threshold), ``unchanged`` (the interval
-lies within the threshold) and ``cannot tell`` (neither). Without samples (memory,
-TFLOP/s), the threshold alone decides. A record that was ``ok`` and is not ``ok`` now broke.
+time metrics), a change is decided by the one significance rule
+(``stats.significance.decide``) on the bootstrap interval of the ratio of medians, widened
+by the run-to-run component (``stats.run_to_run``: estimated from the unchanged records
+when they exist, never below its declared floor), so two runs of the same code are not
+called worse or better. Four answers: ``worse`` / ``better`` (the interval excludes 1 and
+the estimate is beyond the threshold), ``unchanged`` (the interval lies within the
+threshold) and ``cannot tell`` (neither, or fewer than ``MIN_SAMPLES`` samples a side).
+Without samples (memory, TFLOP/s), the threshold alone decides. A record that was ``ok``
+and is not ``ok`` now broke.
 
 The machine is separated from the code: when references were measured in both runs --
 records of backends whose code did not change (``backend_hash``), else the drift probe --
 their median ratio is the machine's move, and every record is judged by its ratio over
 that move (a ratio of ratios), so a machine 1.3x slower does not read as a regression of
-every backend.
+every backend. When both witnesses exist and disagree (more than ``WITNESS_GAP`` apart,
+intervals disjoint), a record whose answer depends on which one is divided out gets
+``cannot tell``.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.core import metrics
-from attnbench.stats import intervals
+from attnbench.stats import intervals, run_to_run, significance
 
 SAMPLED = {"time_ms_median"}  # metrics whose raw samples records keep (samples_ms)
 MIN_REFERENCES = 6  # reference records the machine's move needs (a 95% interval of it)
+WITNESS_GAP = 1.25  # the two witnesses of the machine's move disagree beyond this factor
 CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
 
 
@@ -54,17 +61,41 @@ def _code_unchanged(r) -> bool:
 @dataclass(frozen=True)
 class MachineMove:
     """How much slower (> 1) or faster the machine ran the same work in the new run:
-    ``interval`` of the median ratio new / base over ``n`` references, from ``source``."""
+    ``interval`` of the median ratio new / base over ``n`` references, from ``source``.
+    ``between`` is the run-to-run half-width (log scale) the unchanged references show
+    (None: none to estimate it from). ``other`` is the second witness when it disagrees
+    with this one."""
 
     interval: intervals.Interval
     source: str  # "unchanged backends" or "drift probe"
+    between: float | None = None
+    other: MachineMove | None = None
 
     def describe(self) -> str:
         iv = self.interval
         conf = intervals.coverage_note(iv.confidence)
-        return (f"the machine moved {iv.estimate:.3g}x [{iv.low:.3g}, {iv.high:.3g}"
+        text = (f"the machine moved {iv.estimate:.3g}x [{iv.low:.3g}, {iv.high:.3g}"
                 f"{', ' + conf if conf else ''}] (new / base time, from {iv.n} records: "
                 f"{self.source})")
+        if self.other is not None:
+            o = self.other.interval
+            text += (f"; but the WITNESSES DISAGREE: {self.other.source} says {o.estimate:.3g}x "
+                     f"[{o.low:.3g}, {o.high:.3g}], more than {WITNESS_GAP:g}x apart, so a "
+                     f"record whose answer depends on which is divided out is 'cannot tell'")
+        return text
+
+    def run_to_run_text(self) -> str:
+        """The run-to-run allowance each record's interval was widened by, in words."""
+        return between_text(self.between)
+
+
+def between_text(between: float | None) -> str:
+    """'run-to-run allowance +-5% (the declared floor)' or '+-7% (from the unchanged
+    records)'."""
+    width = run_to_run.half_width(between)
+    how = "the declared floor" if between is None or between <= math.log1p(
+        run_to_run.FLOOR) else "from the unchanged records"
+    return f"run-to-run allowance +-{math.expm1(width):.0%} ({how})"
 
 
 def _agreeing_backends(moves: dict[str, float], tolerance: float) -> list[str]:
@@ -88,26 +119,54 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
     of those backends agree (within ``tolerance``), the median ratio over their records.
     Else the drift probe each record carries (a fixed matmul: the machine itself). None
     with fewer than ``MIN_REFERENCES`` records of either, or references that disagree and
-    no probe: the runs cannot separate machine from code."""
+    no probe: the runs cannot separate machine from code. When both witnesses exist and
+    disagree (``witnesses_disagree``), the probe rides along as ``other``."""
     if metric not in SAMPLED:
         return None
     both_ok = joined[(joined["status_base"] == "ok") & (joined["status_new"] == "ok")
                      & joined["ratio"].notna() & (joined["ratio"] > 0)]
+    probe = _probe_witness(both_ok)
     refs = both_ok[[_code_unchanged(r) for _, r in both_ok.iterrows()]] \
         if not both_ok.empty else both_ok
     if len(refs) >= MIN_REFERENCES:
         moves = {b: float(g["ratio"].median()) for b, g in refs.groupby("backend")}
         agree = _agreeing_backends(moves, tolerance)
-        ratios = refs[refs["backend"].isin(agree)]["ratio"].astype(float).tolist()
+        agreed = refs[refs["backend"].isin(agree)]
+        ratios = agreed["ratio"].astype(float).tolist()
         if len(ratios) >= MIN_REFERENCES:
-            return MachineMove(intervals.median_interval(ratios),
-                               f"{len(agree)} of {len(moves)} unchanged backends that agree")
-    if {"probe_gflops_base", "probe_gflops_new"} <= set(both_ok.columns):
-        p = both_ok[both_ok["probe_gflops_base"].notna() & both_ok["probe_gflops_new"].notna()]
-        slow = (p["probe_gflops_base"] / p["probe_gflops_new"]).tolist()  # time: rate inverted
-        if len(slow) >= MIN_REFERENCES:
-            return MachineMove(intervals.median_interval(slow), "the drift probe")
-    return None
+            own = [_sample_interval(r) for _, r in agreed.iterrows()]
+            between = run_to_run.spread_from_replicates(
+                ratios, [iv for iv in own if iv is not None])
+            move = MachineMove(intervals.median_interval(ratios),
+                               f"{len(agree)} of {len(moves)} unchanged backends that agree",
+                               between)
+            if probe is not None and witnesses_disagree(move.interval, probe.interval):
+                return MachineMove(move.interval, move.source, between, probe)
+            return move
+    return probe
+
+
+def _probe_witness(both_ok: pd.DataFrame) -> MachineMove | None:
+    if not {"probe_gflops_base", "probe_gflops_new"} <= set(both_ok.columns):
+        return None
+    p = both_ok[both_ok["probe_gflops_base"].notna() & both_ok["probe_gflops_new"].notna()]
+    slow = (p["probe_gflops_base"] / p["probe_gflops_new"]).tolist()  # time: rate inverted
+    if len(slow) < MIN_REFERENCES:
+        return None
+    return MachineMove(intervals.median_interval(slow), "the drift probe")
+
+
+def witnesses_disagree(a: intervals.Interval, b: intervals.Interval) -> bool:
+    """Whether two estimates of the machine's move disagree: more than ``WITNESS_GAP``
+    apart and their intervals disjoint."""
+    far = abs(math.log(a.estimate / b.estimate)) > math.log(WITNESS_GAP)
+    return far and (a.high < b.low or b.high < a.low)
+
+
+def _sample_interval(r) -> intervals.Interval | None:
+    """A joined record's within-run interval of new / base, from its samples."""
+    a, b = _samples(r.get("samples_ms_base")), _samples(r.get("samples_ms_new"))
+    return intervals.ratio_interval(b, a) if a and b else None
 
 
 def _relative(iv: intervals.Interval, move: MachineMove) -> intervals.Interval:
@@ -121,32 +180,45 @@ def _relative(iv: intervals.Interval, move: MachineMove) -> intervals.Interval:
                               iv.method + "/machine")
 
 
+def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold: float,
+                     lower: bool) -> tuple[str, intervals.Interval]:
+    """The verdict on one record's ratio interval new / base, widened by the run-to-run
+    allowance (returned), over the machine's move when given, by the one rule; 'cannot
+    tell' when the two witnesses of the move disagree and the answer depends on which one
+    is divided out."""
+    wide = run_to_run.widen(iv, run_to_run.half_width(move.between if move else None))
+    if move is None:
+        return significance.decide(wide, threshold, lower), wide
+    verdict = significance.decide(_relative(wide, move), threshold, lower)
+    if move.other is not None and \
+            significance.decide(_relative(wide, move.other), threshold, lower) != verdict:
+        verdict = significance.CANNOT_TELL
+    return verdict, wide
+
+
 def decide(joined: pd.DataFrame, metric: str, threshold: float,
            move: MachineMove | None = None) -> pd.DataFrame:
-    """Adds ``change`` (worse/better/unchanged/cannot tell/broke/fixed/-), ``p_value``, the
-    ratio's interval (``ratio_low/high``), ``vs_machine`` (the ratio over the machine's move,
-    when ``move`` is given, which then decides) and ``code_changed``."""
+    """Adds ``change`` (worse/better/unchanged/cannot tell/broke/fixed/-), the ratio's
+    interval widened by the run-to-run allowance (``ratio_low/high``), ``vs_machine`` (the
+    ratio over the machine's move, when ``move`` is given, which then decides) and
+    ``code_changed``."""
     m = metrics.get(metric)
     lower = m.better == metrics.LOWER
     rows = []
     for _, r in joined.iterrows():
-        out = {"change": "-", "p_value": None, "ratio_low": None, "ratio_high": None,
-               "vs_machine": None}
+        out = {"change": "-", "ratio_low": None, "ratio_high": None, "vs_machine": None}
         sb, sn = r.get("status_base"), r.get("status_new")
         if sb == "ok" and isinstance(sn, str) and sn != "ok":
             out["change"] = "broke"
         elif sn == "ok" and isinstance(sb, str) and sb != "ok":
             out["change"] = "fixed"
         elif sb == "ok" and sn == "ok" and pd.notna(r.get("ratio")):
-            a, b = _samples(r.get("samples_ms_base")), _samples(r.get("samples_ms_new"))
-            if metric in SAMPLED and a and b:
-                iv = intervals.ratio_interval(b, a)
-                out.update(p_value=intervals.mann_whitney(a, b), ratio_low=iv.low,
-                           ratio_high=iv.high)
+            iv = _sample_interval(r) if metric in SAMPLED else None
+            if iv is not None:
+                out["change"], wide = _sampled_verdict(iv, move, threshold, lower)
+                out.update(ratio_low=wide.low, ratio_high=wide.high)
                 if move is not None:
-                    iv = _relative(iv, move)
-                    out["vs_machine"] = iv.estimate
-                out["change"] = intervals.change_verdict(iv, threshold, lower)
+                    out["vs_machine"] = wide.estimate / move.interval.estimate
             elif m.worse(r["ratio"], threshold):
                 out["change"] = "worse"
             elif m.worse(1 / r["ratio"], threshold) if r["ratio"] else False:

@@ -65,7 +65,7 @@ def run(args) -> int:
     decided = run_diff.decide(joined, args.metric, args.threshold, move)
     shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
     cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio",
-            "ratio_low", "ratio_high", *(["vs_machine"] if move else []), "p_value", "change",
+            "ratio_low", "ratio_high", *(["vs_machine"] if move else []), "change",
             "code_changed"]
     if not shown.empty:
         print(shown[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -78,9 +78,11 @@ def run(args) -> int:
     only_new = decided[decided["status_base"].isna()]
     print(f"{len(decided)} joined records, {len(shown)} with the metric in both runs: "
           + ", ".join(f"{n} {c}" for c, n in counts.items())
-          + f" ({metric.better} is better; a change needs its 95% interval to exclude 1 and "
-            f"its estimate beyond {args.threshold:.0%}, unchanged needs the interval within "
-            f"{args.threshold:.0%})")
+          + f" ({metric.better} is better; a change needs its 95% interval, with the "
+            f"{run_diff.between_text(move.between if move else None)}, to exclude 1 and "
+            f"its estimate beyond {args.threshold:.0%}, from at least "
+            f"{run_diff.significance.MIN_SAMPLES} samples a side; unchanged needs the "
+            f"interval within {args.threshold:.0%})")
     print(f"{len(bad)} regression(s)")
     if len(only_base) or len(only_new):
         print(f"missing: {len(only_base)} pair(s) of the base run not in the new one, "

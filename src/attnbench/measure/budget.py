@@ -23,7 +23,8 @@ class TimingBudget:
     # docs/design.md, Measuring).
     rewarm_s: float = 0.01
     target_rel: float = 0.05  # stop once the median's 95% interval is within this
-    noise_threshold: float = 0.10  # probe spread above which a record is flagged noisy
+    # a record whose samples scatter more than this (and twice the drift probe) is noisy
+    noise_threshold: float = 0.05
     # a record whose own interval reaches farther than this from its median is flagged noisy
     # too, whatever the probe said (the samples show the unsteadiness directly)
     unsteady_rel: float = 0.25

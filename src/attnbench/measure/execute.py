@@ -29,6 +29,7 @@ from attnbench.measure.claim_rounds import FINAL_STOPS, ClaimRounds
 from attnbench.measure.memory import peak_memory_bytes
 from attnbench.measure.timing import Timing, TimingBudget, measure_interleaved
 from attnbench.measure.timing_methods import Copies, input_copy
+from attnbench.stats import noise
 
 
 def one_line(exc: BaseException, limit: int = 300, prefix: str = "") -> str:
@@ -203,20 +204,17 @@ def timing_columns(case: Case, work: float, samples: list[float], stop: str,
         "flops_dense": case.flops_dense,
         "density": case.density,
     }
-    flagged_by = []
     if probe_readings:
         cols["probe_readings"] = list(probe_readings)
         cols["probe_gflops"] = statistics.median(probe_readings)
         spread = probe.spread(probe_readings)
         if spread is not None:
             cols["probe_spread"] = spread
-            cols["noisy"] = spread > budget.noise_threshold
-            if cols["noisy"]:
-                flagged_by.append("probe")
-    if len(timing.samples_ms) >= 2 and interval.half_width_rel > budget.unsteady_rel:
-        flagged_by.append("samples")
+    reach = interval.half_width_rel if len(timing.samples_ms) >= 2 else None
+    flagged_by = noise.flags(timing.samples_ms, reach, probe_readings, budget.unsteady_rel,
+                             budget.noise_threshold)
+    cols["noisy"] = bool(flagged_by)
     if flagged_by:
-        cols["noisy"] = True
         cols["noisy_by"] = "+".join(flagged_by)
     return cols
 

@@ -19,8 +19,8 @@ from attnbench.reporting import lines as line_groups
 from attnbench.reporting import tables
 from attnbench.reporting.plots import n_label
 from attnbench.runs.dataset import Run
-from attnbench.stats import fits, ratios
-from attnbench.stats.intervals import Interval, short_of_level
+from attnbench.stats import fits, pooling, ratios, significance
+from attnbench.stats.intervals import Interval, coverage_note, short_of_level
 
 DASH = "-"
 
@@ -154,7 +154,8 @@ def goals(c: Comparison, claims: list[dict]) -> list[dict]:
 def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
     """Per problem (run and case) that two or more backends ran: the fastest ok one, its
     margin over the runner-up with the interval, and whether the margin is significant
-    (paired rounds: the interval excludes 1; otherwise Mann-Whitney p < 0.05)."""
+    (``significance.differs``: the interval excludes 1, from enough samples). A problem
+    whose margin is not significant has no winner: the column names the two that tie."""
     problem = [c for c in lines if c not in ("backend",) and c in df.columns]
     rows = []
     for (_, _), g in df.groupby(["run_id", "key"], sort=False):
@@ -181,6 +182,8 @@ def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
         else:
             r = ok.iloc[1]
             d = ratios.difference(r, w)  # runner-up's time over the winner's
+            if not d.significant:
+                row["winner"] = f"no winner ({w['backend']} or {r['backend']})"
             row |= {"runner-up": r["backend"],
                     "margin [95% interval]": ratios.format_ratio(d.interval),
                     "significant": d.describe()}
@@ -219,11 +222,17 @@ def exponents(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
     for line, t, iv, m in exponent_fits(df, lines):
         rows.append(line | {
             "N": f"{n_label(t.n_min)}..{n_label(t.n_max)}", "sizes": t.points,
-            "time exponent [95% interval]": f"{t.exponent:.2f} [{iv.low:.2f}, {iv.high:.2f}]",
+            "time exponent [95% interval]": _exponent_text(t.exponent, iv),
             "time fit R^2": f"{t.r2:.3f}",
             "memory exponent": f"{m.exponent:.2f}" if m else DASH,
             "memory fit R^2": f"{m.r2:.3f}" if m else DASH})
     return pd.DataFrame(rows)
+
+
+def _exponent_text(exponent: float, iv: Interval) -> str:
+    """'2.01 [1.98, 2.04]', with the coverage when few samples leave it below 95%."""
+    note = coverage_note(iv.confidence)
+    return f"{exponent:.2f} [{iv.low:.2f}, {iv.high:.2f}{', ' + note if note else ''}]"
 
 
 # ---- statuses, environment -------------------------------------------------------------
@@ -275,8 +284,7 @@ def _probe(meta: dict) -> str:
     spread = (f"spread {p['spread']:.0%} of its median" if p.get("spread") is not None
               else "one reading, no spread")
     return (f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s, {spread}; "
-            f"{p.get('noisy_records', 0)} record(s) noisy (moved more than "
-            f"{p.get('noise_threshold', 0):.0%})")
+            f"{p.get('noisy_records', 0)} record(s) flagged noisy")
 
 
 def _ranks(meta: dict) -> str:
@@ -326,26 +334,60 @@ def environment(runs: list[Run]) -> pd.DataFrame:
 
 
 def comparison_headline(c: Comparison, sp: pd.DataFrame) -> str | None:
-    """At the largest size with a ratio: the fastest backend against the baseline."""
+    """At the largest size with a ratio: the fastest backend against the baseline. Over
+    several runs, each (case, backend)'s runs are pooled first (``pooling``) and the
+    headline quotes the pooled figure with its method and the per-run spread, never the best
+    single run."""
     if sp.empty or "speedup" not in sp or sp["speedup"].isna().all():
         return None
     ok = sp[sp["speedup"].notna()]
     top = ok[ok["seq_q"] == ok["seq_q"].max()]
+    if "run_id" in top and top["run_id"].nunique() > 1:
+        pooled = _pooled_headline(c, top)
+        if pooled:
+            return pooled
     best = top.loc[top["speedup"].astype(float).idxmax()]
     where = f"N = {tables.seq_label(best)}, {best['dtype']} {best['mode']}"
-    if "run_id" in ok and ok["run_id"].nunique() > 1:  # several runs: say which one
+    if "run_id" in ok and ok["run_id"].nunique() > 1:  # not poolable: say which run
         where += f", run {best['run_id']}"
     iv = ratios.format_ratio(_interval(best))
     sig = "" if best["significant"] else \
         f", not significant {str(best['significance']).removeprefix('no ')}"
-    if best["speedup"] >= 1:
-        return f"{c.name}: {best['backend']} {iv} faster than {c.baseline} at {where}{sig}"
-    return (f"{c.name}: {c.baseline} fastest at {where}; best of the rest {best['backend']} "
+    return _headline_text(c, best["backend"], iv, best["speedup"] >= 1, where, sig)
+
+
+def _headline_text(c: Comparison, backend: str, iv: str, faster: bool, where: str,
+                   sig: str) -> str:
+    if faster:
+        return f"{c.name}: {backend} {iv} faster than {c.baseline} at {where}{sig}"
+    return (f"{c.name}: {c.baseline} fastest at {where}; best of the rest {backend} "
             f"{iv}{sig}")
 
 
+def _pooled_headline(c: Comparison, top: pd.DataFrame) -> str | None:
+    """The headline from each (case, backend)'s ratio pooled over the runs that measured
+    it; None when no case was measured in two or more runs."""
+    best = None
+    for _, g in top.groupby([c for c in ("key", "backend") if c in top], sort=False):
+        if g["run_id"].nunique() < 2:
+            continue
+        backend = g.iloc[0]["backend"]
+        p = pooling.random_effects([_interval(r) for _, r in g.iterrows()])
+        if p is not None and (best is None or p.interval.estimate > best[0].interval.estimate):
+            best = (p, backend, g.iloc[0])
+    if best is None:
+        return None
+    p, backend, first = best
+    where = f"N = {tables.seq_label(first)}, {first['dtype']} {first['mode']}"
+    spread = f"per run {p.runs_low:.3g}-{p.runs_high:.3g}x"
+    iv = ratios.format_ratio(p.interval)
+    sig = "" if significance.differs(p.interval) else ", not significant (interval holds 1)"
+    return _headline_text(c, backend, iv, p.interval.estimate >= 1, where,
+                          f", {p.method_text()}, {spread}{sig}")
+
+
 def coverage_headline(df: pd.DataFrame) -> str | None:
-    """How many ok records' time intervals cover less than 95% (fewer than 6 samples)."""
+    """How many ok records' time intervals cover less than 95% (too few samples)."""
     if "time_ci_confidence" not in df.columns:
         return None
     ok = df[(df["status"] == "ok") & df["time_ci_confidence"].notna()]
@@ -353,7 +395,8 @@ def coverage_headline(df: pd.DataFrame) -> str | None:
     if short.empty:
         return None
     low = float(short["time_ci_confidence"].min())
-    return (f"coverage: {len(short)} of {len(ok)} ok records have fewer than 6 samples, so "
+    return (f"coverage: {len(short)} of {len(ok)} ok records have fewer than "
+            f"{significance.MIN_SAMPLES} samples, so "
             f"their intervals cover less than 95% (down to {low:.0%}); each says its "
             f"coverage and none is called significant")
 
@@ -369,7 +412,9 @@ def unsteady_headline(df: pd.DataFrame) -> str | None:
     by = noisy["noisy_by"].fillna("probe").astype(str) if "noisy_by" in noisy \
         else pd.Series(["probe"] * len(noisy))
     parts = [f"{int(by.str.contains(s).sum())} by {what}" for s, what in
-             (("probe", "the drift probe"), ("samples", "their own interval's width"))
+             (("probe", "the drift probe moving within their group"),
+              ("spread", "a spread over twice the probe's"),
+              ("samples", "their own interval's width"))
              if by.str.contains(s).any()]
     runs = sorted(set(noisy["run_id"])) if "run_id" in noisy else []
     where = f" (runs: {', '.join(map(str, runs))})" if len(runs) > 1 else ""

@@ -33,6 +33,7 @@ from attnbench.reporting.document import Bold, Bullets, Figure, Figures, Heading
 from attnbench.runs import dataset
 from attnbench.runs.record_files import write_atomic
 from attnbench.runs.suite import declared_comparisons
+from attnbench.stats import significance
 
 FACET = ["dtype", "mode"]
 CHART_KINDS = ("time", "speedup", "tflops", "memory", "error", "pareto")
@@ -228,7 +229,9 @@ class Report:
                     Para(["Each claim measured in two or more runs, one estimate from all of "
                           "them: a random-effects (DerSimonian-Laird) combination of the "
                           "runs' log-ratios, which adds the spread between runs to each run's "
-                          "own error; the verdict is read from the pooled interval. Runs that "
+                          "own error, with a Hartung-Knapp interval (a t quantile on runs - 1 "
+                          "degrees of freedom: few runs, wide intervals); the verdict is read "
+                          "from the pooled interval. Runs that "
                           "take turns between verdicts near a bound converge here."]),
                     Table(pooled.set_index("claim"))]
         return out
@@ -252,9 +255,8 @@ class Report:
                           f"round by round; not the ratio of the two medians) with its "
                           f"order-statistics interval; for the others the ratio of the medians "
                           f"with a bootstrap interval. Intervals are 95% unless their coverage "
-                          f"is written in them. '(n.s.)': the interval includes 1 or covers "
-                          f"less than 95% (paired), or a Mann-Whitney test finds no difference "
-                          f"(p >= 0.05)."]),
+                          f"is written in them. '(n.s.)': not significant; "
+                          f"{significance.RULE}."]),
                     Table(findings.speedup_table(sp, lines))]
             cross = findings.crossovers(sp, lines, c.baseline)
             if not cross.empty:
@@ -279,8 +281,8 @@ class Report:
                     Para(["For every problem (case) two or more backends ran: the fastest ok "
                           "backend, its margin over the runner-up (the runner-up's time over "
                           "the winner's, 95% interval) and whether the margin is significant: "
-                          "paired rounds when both were timed together (the interval excludes "
-                          "1), else a Mann-Whitney U test (p < 0.05)."]),
+                          f"{significance.RULE}. Without a significant margin there is no "
+                          "winner."]),
                     Table(win)]
         exps = findings.exponents(df, lines)
         if not exps.empty:

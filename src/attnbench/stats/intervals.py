@@ -8,9 +8,9 @@ normal-theory errors:
 * :func:`paired_ratio_interval` -- the ratio of two backends timed in interleaved rounds,
   from the per-round ratios, so drift shared by both sides of a round cancels;
 * :func:`ratio_interval` -- the ratio of medians of two independent sample sets (bootstrap);
-* :func:`mann_whitney` -- whether two sample sets differ at all (rank test p-value);
-* :func:`interval_verdict` / :func:`change_verdict` / :func:`compare_samples` -- the
-  decisions built on them.
+
+What an interval allows one to conclude (two measurements differ, a claim's range holds)
+is decided in one place, ``stats.significance``.
 
 All functions are pure; randomness (the bootstrap) is seeded.
 """
@@ -25,7 +25,6 @@ import numpy as np
 
 HOLDS, DOES_NOT_HOLD, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 LEVEL = 0.95  # the coverage every interval is meant to have, and every decision claims
-WORSE, BETTER, UNCHANGED, CANNOT_TELL = "worse", "better", "unchanged", "cannot tell"
 
 
 @dataclass(frozen=True)
@@ -172,73 +171,3 @@ def ratio_interval(a, b, confidence: float = 0.95, n_boot: int = 2000, seed: int
     # a percentile interval of a skewed statistic can, rarely, sit beside the estimate
     low, high = min(float(ci.low), estimate), max(float(ci.high), estimate)
     return Interval(estimate, low, high, confidence, n, "bootstrap")
-
-
-def mann_whitney(a, b) -> float:
-    """Two-sided Mann-Whitney U p-value: how surprising the rank separation of ``a`` and
-    ``b`` is if both come from one distribution. Robust to the outliers timings have. 1.0
-    (no evidence) when a side has fewer than 2 samples or all values are identical."""
-    a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
-    if a.size < 2 or b.size < 2:
-        return 1.0
-    both = np.concatenate([a, b])
-    if np.all(both == both[0]):
-        return 1.0
-    return float(_sps().mannwhitneyu(a, b, alternative="two-sided").pvalue)
-
-
-def interval_verdict(interval: Interval, low: float | None, high: float | None,
-                     level: float = LEVEL) -> str:
-    """Checks the claim "the measured value lies in [low, high]" (``None``: unbounded).
-
-    ``"holds"`` when the whole interval is inside the bounds, ``"does not hold"`` when it is
-    wholly outside (entirely below ``low`` or entirely above ``high``), else
-    ``"inconclusive"`` -- as also for an interval whose coverage is below ``level`` (too few
-    samples: a 75% interval cannot carry a 95% verdict; an exact point value has coverage 1).
-    """
-    if short_of_level(interval.confidence, level):
-        return INCONCLUSIVE
-    lo_ok = low is None or interval.low >= low
-    hi_ok = high is None or interval.high <= high
-    if lo_ok and hi_ok:
-        return HOLDS
-    if (low is not None and interval.high < low) or (high is not None and interval.low > high):
-        return DOES_NOT_HOLD
-    return INCONCLUSIVE
-
-
-def change_verdict(iv: Interval, threshold: float, lower_is_better: bool) -> str:
-    """Three answers from the interval of a ratio new / base:
-
-    * ``"worse"`` / ``"better"``: the interval excludes 1 (a real change) and the estimate is
-      beyond ``threshold`` (``> 1 + threshold`` or ``< 1 - threshold``; which one is worse
-      depends on the metric's direction);
-    * ``"unchanged"``: the whole interval lies within ``[1 - threshold, 1 + threshold]``, so
-      any change there is smaller than the threshold;
-    * ``"cannot tell"``: neither, i.e. the interval is too wide (too few samples, too much
-      noise) to say; also for an interval short of 95% coverage or from fewer than 3
-      samples a side. Never read as "unchanged".
-    """
-    if iv.n < 3 or short_of_level(iv.confidence):
-        return CANNOT_TELL
-    if iv.low >= 1 - threshold and iv.high <= 1 + threshold:
-        return UNCHANGED
-    up = iv.low > 1 and iv.estimate > 1 + threshold
-    down = iv.high < 1 and iv.estimate < 1 - threshold
-    if up or down:
-        return WORSE if up == lower_is_better else BETTER
-    return CANNOT_TELL
-
-
-def compare_samples(base, new, threshold: float, lower_is_better: bool
-                    ) -> tuple[str, Interval, float]:
-    """Change of one metric between two independent sample sets: ``(verdict, interval of
-    new/base, Mann-Whitney p)``; the verdict is ``change_verdict`` of the bootstrap interval
-    of the ratio of medians.
-
-    The interval decides, not the rank test: with 3 samples a side Mann-Whitney cannot go
-    below p = 0.10, so a 3x slowdown would never be flagged, while the ratio's interval
-    from the raw samples excludes 1 at once. p is kept for the reader.
-    """
-    iv = ratio_interval(new, base)
-    return change_verdict(iv, threshold, lower_is_better), iv, mann_whitney(base, new)

@@ -6,8 +6,10 @@ and the report (a winner's margin over the runner-up):
 * both records timed in the same interleaved rounds (same ``pair_group``, samples aligned):
   the per-round ratios (``stats.paired_ratio_interval``), drift shared by a round cancels;
 * otherwise, with samples on both sides: a bootstrap of the ratio of medians
-  (``stats.ratio_interval``), and a Mann-Whitney U test decides whether they differ;
+  (``stats.ratio_interval``);
 * a metric without samples (memory, TFLOP/s): the point value, no interval.
+
+Whether the two differ is ``significance.differs`` of that interval, the one rule.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnbench.stats import intervals
+from attnbench.stats import intervals, significance
 
 SAMPLED = "time_ms_median"  # the metric whose raw samples records keep (samples_ms)
-ALPHA = 0.05
 JOIN_COLUMNS = ("samples_ms", "pair_group")  # what a join must keep for the interval
 
 
@@ -51,40 +52,30 @@ def ratio_interval(a: Mapping, b: Mapping, metric: str = SAMPLED,
 
 @dataclass(frozen=True)
 class Difference:
-    """``a / b`` with its interval, and whether the two differ significantly."""
+    """``a / b`` with its interval, and whether the two differ (``significance.differs``)."""
 
     interval: intervals.Interval
     significant: bool
-    p_value: float | None  # Mann-Whitney, for records not timed in the same rounds
 
     @property
     def is_paired(self) -> bool:
         return self.interval.method.startswith("paired")
 
     def describe(self) -> str:
-        """'yes (paired)', 'no (p = 0.31)', 'n/a (no samples)'."""
+        """'yes (paired rounds)', 'no (bootstrap)', 'no (fewer than 6 samples a side)',
+        'n/a (no samples)'."""
         if self.interval.method == "point":
             return "n/a (no samples)"
         word = "yes" if self.significant else "no"
-        if self.is_paired:
-            return f"{word} (paired rounds)"
-        return f"{word} (Mann-Whitney p = {self.p_value:.2g})"
+        why = significance.why_not(self.interval)
+        return f"{word} ({why or ('paired rounds' if self.is_paired else 'bootstrap')})"
 
 
-def difference(a: Mapping, b: Mapping, metric: str = SAMPLED, alpha: float = ALPHA
-               ) -> Difference:
-    """Paired records differ when the 95% interval of their per-round ratios (6 or more
-    rounds) excludes 1; others
-    when a Mann-Whitney U test rejects equality (p < alpha)."""
+def difference(a: Mapping, b: Mapping, metric: str = SAMPLED) -> Difference:
+    """Whether records ``a`` and ``b`` differ in ``metric``: the one rule on their ratio's
+    interval (it excludes 1, from at least ``significance.MIN_SAMPLES`` samples a side)."""
     iv = ratio_interval(a, b, metric)
-    if iv.method == "point":
-        return Difference(iv, False, None)
-    if iv.method.startswith("paired"):
-        # an interval short of 95% (fewer than 6 rounds) is never called significant
-        return Difference(iv, not intervals.short_of_level(iv.confidence)
-                          and not iv.contains(1.0), None)
-    p = intervals.mann_whitney(samples(a.get("samples_ms")), samples(b.get("samples_ms")))
-    return Difference(iv, p < alpha, p)
+    return Difference(iv, significance.differs(iv))
 
 
 def join(a: pd.DataFrame, b: pd.DataFrame, on: list[str], columns: list[str]) -> pd.DataFrame:

@@ -21,10 +21,10 @@ from attnbench.stats.intervals import (
     INCONCLUSIVE,
     LEVEL,
     Interval,
-    interval_verdict,
     median_interval,
     median_ranks,
 )
+from attnbench.stats.significance import interval_verdict
 
 
 @dataclass(frozen=True)
