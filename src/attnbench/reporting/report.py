@@ -343,12 +343,13 @@ class Report:
                 out += [Heading(3, f"Charts: {c.name}, {' '.join(facet)}"), shown]
         return out
 
-    def fit_budget(self, budget: int = CHART_BUDGET) -> None:
+    def fit_budget(self, budget: int | None = None) -> None:
         """Past ``budget`` bytes of charts, leave out the least needed kinds, whole kinds
         at a time (a report never shows throughput for some comparisons only)."""
+        budget = CHART_BUDGET if budget is None else budget
+
         def size() -> int:
-            return sum((self.out / f).stat().st_size for f in self.files
-                       if (self.out / f).is_file())
+            return report_size(self.out, self.files)
 
         for kind in LEAST_NEEDED:
             if size() <= budget:
