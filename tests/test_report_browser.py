@@ -1,7 +1,8 @@
 """The HTML report in a real browser: headless Chromium, driven over the DevTools protocol on
 a pipe (no driver, no websocket package). Every image must render (naturalWidth > 0), no
-request may leave the report's folder (its SVG charts sit beside the page), and a full-page screenshot is saved for a person to look at
-($ATTNBENCH_ARTIFACTS, else the test's temporary folder).
+request may leave the report's folder (its SVG charts sit beside the page), and a
+full-page screenshot is saved for a person to look at ($ATTNBENCH_ARTIFACTS, else the
+test's temporary folder).
 
 Skips, saying why, where Chromium is not installed (.ci/run installs Debian's package).
 """
