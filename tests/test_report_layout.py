@@ -71,6 +71,7 @@ def test_same_records_give_the_same_bytes(tmp_path):
 
 def test_past_the_budget_throughput_then_memory_charts_are_left_out(tmp_path, monkeypatch):
     whole = build_report([RUNS[0]], tmp_path / "whole")
+    assert sum(p.stat().st_size for p in whole.iterdir()) <= report.REPORT_BUDGET
     kinds = {p.name.split("--")[0] for p in whole.glob("*.svg")}
     assert {"tflops", "memory", "time"} <= kinds
     sizes = {p.name: p.stat().st_size for p in whole.glob("*.svg")}
@@ -83,11 +84,15 @@ def test_past_the_budget_throughput_then_memory_charts_are_left_out(tmp_path, mo
     md = (out / "index.md").read_text()
     assert f"{n} chart(s) left out to keep the report small ({n} throughput)" in md
     assert "tflops--" not in md and "tflops--" not in (out / "index.html").read_text()
-    monkeypatch.setattr(report, "CHART_BUDGET", 1)  # both kinds go, nothing else
+    monkeypatch.setattr(report, "CHART_BUDGET", 1)  # every kind that may go goes, no other
     out = build_report([RUNS[0]], tmp_path / "cut2")
-    assert {p.name.split("--")[0] for p in out.glob("*.svg")} == kinds - {"tflops", "memory"}
-    total = sum(p.stat().st_size for p in whole.iterdir())
-    assert total <= report.REPORT_BUDGET
+    assert {p.name.split("--")[0] for p in out.glob("*.svg")} == kinds - set(
+        report.LEAST_NEEDED)
+    assert {"time", "speedup"} <= kinds - set(report.LEAST_NEEDED)
+    monkeypatch.setattr(report, "CHART_BUDGET", 10**9)  # the pages count against the total
+    monkeypatch.setattr(report, "REPORT_BUDGET", no_tflops + 1)
+    out = build_report([RUNS[0]], tmp_path / "cut3")
+    assert "tflops" not in {p.name.split("--")[0] for p in out.glob("*.svg")}
 
 
 def test_the_page_opens_on_answers_and_keeps_the_rest_aside(built):

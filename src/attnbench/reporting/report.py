@@ -51,8 +51,11 @@ from attnbench.runs.suite import declared_comparisons
 
 FACET = ["dtype", "mode"]
 CHART_KINDS = ("time", "speedup", "tflops", "memory", "error", "pareto")
-LEAST_NEEDED = ("tflops", "memory")  # the kinds left out first when charts grow too large
-KIND_NAMES = {"tflops": "throughput", "memory": "memory"}
+# the kinds left out, in this order, while the charts pass their budget; the last two only
+# where the pages alone leave too little of the report's budget
+LEAST_NEEDED = ("tflops", "memory", "pareto", "error")
+KIND_NAMES = {"tflops": "throughput", "memory": "memory", "pareto": "error against time",
+              "error": "error"}
 CHART_BUDGET = 900_000  # bytes of charts in one report, before kinds are left out
 REPORT_BUDGET = 1_500_000  # bytes of one report folder, pages and charts
 
@@ -252,10 +255,11 @@ class Report:
             n = sum(self.left_out.values())
             kinds = ", ".join(f"{k} {KIND_NAMES[kind]}" for kind, k in self.left_out.items())
             said.append(f"{n} chart(s) left out to keep the report small ({kinds})")
-            self.aside.items.append([f"{n} chart(s) left out ({kinds}): the charts passed "
-                                     f"{CHART_BUDGET // 1000} kB, so the least needed kinds "
-                                     f"were dropped; their numbers are in the appendix's "
-                                     f"tables."])
+            self.aside.items.append([f"{n} chart(s) left out ({kinds}): the report would "
+                                     f"pass its size budget ({CHART_BUDGET // 1000} kB of "
+                                     f"charts, {REPORT_BUDGET // 1000} kB in all), so the "
+                                     f"least needed kinds were dropped; their numbers are in "
+                                     f"the appendix's tables."])
         self.aside.summary = "Not shown: " + "; ".join(said) if said else ""
 
     def appendix(self) -> list:
@@ -449,14 +453,18 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     report = Report(dataset.load(run_dirs), out)
     blocks = report.blocks()
-    report.fit_budget()
+    appendix = report.appendix()
+    pages = sum(len(text.encode()) for text in (
+        document.to_markdown(blocks), document.to_html(blocks, out, ""),
+        document.to_markdown(appendix), document.to_html(appendix, out, "")))
+    report.fit_budget(min(CHART_BUDGET, REPORT_BUDGET - pages))
     report.finish_aside()
     blocks = [b for b in blocks if not (isinstance(b, Details) and not b.summary)]
     for stale in set(_written_before(out)) - set(report.files) - set(DOCUMENTS):
         (out / stale).unlink(missing_ok=True)
     names = ", ".join(r.label for r in report.runs)
     document.write(blocks, out, "attnbench report: " + names)
-    document.write(report.appendix(), out, "attnbench report appendix: " + names, "appendix")
+    document.write(appendix, out, "attnbench report appendix: " + names, "appendix")
     files = list(DOCUMENTS) + sorted(report.files)
     write_atomic(out / MANIFEST, json.dumps({"files": files,
                                              "runs": [Path(d).name for d in run_dirs]},
