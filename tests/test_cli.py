@@ -63,12 +63,14 @@ def test_run_writes_results_and_report(tmp_path):
     assert (run / "results.csv").read_text().startswith("run_id,key,backend,status")
     assert "naive" in proc.stdout and "sdpa" in proc.stdout  # the terminal table
     md = (tmp_path / "rep" / "t1" / "index.md").read_text()
-    assert "time--tiny-sdpa-vs-naive--float32-fwd.png" in md
-    # sdpa records which kernel PyTorch dispatched to; the report shows it per case
+    assert "time--tiny-sdpa-vs-naive--float32-fwd.svg" in md
+    # sdpa records which kernel PyTorch dispatched to; the appendix shows it per case
     assert {r["kernel"] for r in recs if r["backend"] == "sdpa"} <= {"flash_cpu", "math"}
-    assert "## Kernel that ran" in md and "flash_cpu" in md.split("## Kernel that ran")[1]
+    appendix = (tmp_path / "rep" / "t1" / "appendix.md").read_text()
+    assert "## Kernel that ran" in appendix
+    assert "flash_cpu" in appendix.split("## Kernel that ran")[1]
     html = (tmp_path / "rep" / "t1" / "index.html").read_text()
-    assert "data:image/png;base64," in html
+    assert '<img src="time--tiny-sdpa-vs-naive--float32-fwd.svg"' in html
 
     # the report command on the same run, under another name
     proc = cli("report", str(run), "--name", "again", cwd=tmp_path)

@@ -147,7 +147,7 @@ def test_profile_command_writes_files_and_tool_lines(tmp_path, capsys, monkeypat
     md = (report / "index.md").read_text()
     section = md[md.index("## Where the time goes"):]
     assert "scaled_dot_product_flash_attention_for_cpu" in section.split("\n## ")[0]
-    assert (report / "roofline.png").is_file() and "roof float32" in section
+    assert (report / "roofline.svg").is_file() and "roof float32" in section
 
 
 @pytest.mark.parametrize("args,fragments", [

@@ -161,9 +161,10 @@ def test_exponents_of_time_and_memory(synth):
 def test_report_files_statuses_and_escaping(synth, tmp_path):
     run, _ = synth
     out = build_report([run], tmp_path / "rep")
-    names = sorted(p.name for p in out.glob("*.png"))
-    assert names == sorted(f"{kind}--synth-fast-vs-base--float32-fwd.png" for kind in
+    names = sorted(p.name for p in out.glob("*.svg"))
+    assert names == sorted(f"{kind}--synth-fast-vs-base--float32-fwd.svg" for kind in
                            ("time", "speedup", "tflops", "memory", "error", "pareto"))
+    assert not list(out.glob("*.png"))
     md = (out / "index.md").read_text()
     html = (out / "index.html").read_text()
     # non-ok points are named in the alt text of every chart that would have drawn them
@@ -173,10 +174,16 @@ def test_report_files_statuses_and_escaping(synth, tmp_path):
     assert "### Crossovers" in md and re.search(r"\| fast \| ~14\d\d \| 1K and 2K \|", md)
     # the declared goal is drawn on the speedup chart
     assert "fast \\>= 2.5x at N = 4096 (test)" in md
-    # record strings are escaped in both renderings; nothing is fetched
-    assert "<script>" not in html and "&lt;script&gt;" in html
-    assert "\\<script\\>" in md and "\\| \\*\\*not bold\\*\\*" in md
-    assert not re.search(r'(src|href)="(?!data:|#)', html)
+    # record strings are escaped in both renderings (the reasons are in the appendix)
+    both_html = html + (out / "appendix.html").read_text()
+    both_md = md + (out / "appendix.md").read_text()
+    assert "<script>" not in both_html and "&lt;script&gt;" in both_html
+    assert "\\<script\\>" in both_md and "\\| \\*\\*not bold\\*\\*" in both_md
+    # both pages point to the chart files beside them; nothing is embedded or fetched
+    assert "base64" not in html
+    assert sorted(re.findall(r'<img src="([^"]+)"', html)) == names
+    assert sorted(re.findall(r"!\[[^\n]*\]\(([^)]+\.svg)\)", md)) == names
+    assert set(re.findall(r'(?:src|href)="([^"#]+)"', html)) <= set(names) | {"appendix.html"}
     assert html.count("<img ") == 6 and 'alt=""' not in html
 
 
@@ -185,7 +192,7 @@ def test_time_chart_marks_every_point_that_is_not_ok(synth, tmp_path):
 
     _, report = synth
     df = report.df
-    chart = plots.time_chart(df, "t", tmp_path / "t.png", tables.line_columns(df))
+    chart = plots.time_chart(df, "t", tmp_path / "t.svg", tables.line_columns(df))
     marks = {(label, n, status) for label, n, status in chart.marks}
     assert ("feature_map=elu base", 8192, "oom") in marks
     assert ("feature_map=favor lin", 4096, "wrong") in marks
@@ -292,5 +299,5 @@ def test_published_index_lists_every_run_with_its_headline(tmp_path):
     assert "[2026-12-01-synth-cpu](2026-12-01-synth-cpu/index.md)" in md
     assert 'href="2026-12-02-synth-h200/index.html"' in html
     assert "no-records" not in md
-    assert "fast-vs-base: fast" in md and "goals: 1 holds" in md
+    assert "fast 2.83x faster than base at N=4K; goals: 1 holds" in md
     assert (tmp_path / "reports" / "2026-12-01-synth-cpu" / "index.html").is_file()

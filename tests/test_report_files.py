@@ -43,7 +43,7 @@ def run_dir(tmp_path_factory):
 def test_long_suite_names_give_bounded_chart_names(run_dir, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["report", str(run_dir), "--out", str(out)]) == 0
-    charts = sorted(p.name for p in out.glob("*.png"))
+    charts = sorted(p.name for p in out.glob("*.svg"))
     assert charts and all(len(name.encode()) <= 150 for name in charts)
     assert len(set(charts)) == len(charts)
     html = (out / "index.html").read_text()
@@ -58,10 +58,10 @@ def test_report_removes_only_what_it_wrote(run_dir, tmp_path, capsys):
         path.write_bytes(b"\x89PNG user's own")
     assert main(["report", str(run_dir), "--out", str(out)]) == 0
     manifest = json.loads((out / ".attnbench-report.json").read_text())
-    drawn = [n for n in manifest["files"] if n.endswith(".png")]
+    drawn = [n for n in manifest["files"] if n.endswith(".svg")]
     assert drawn and all((out / n).is_file() for n in drawn)
     # a chart an earlier build wrote and this one does not draw goes; the user's stay
-    stale = "time--gone.png"
+    stale = "time--gone.svg"
     (out / stale).write_bytes(b"old chart")
     manifest["files"].append(stale)
     (out / ".attnbench-report.json").write_text(json.dumps(manifest))

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from attnbench.core.registry import all_backends
     from attnbench.measure.hf_adapter import transformers_reason
-    from attnbench.reporting.model_report import write_model_report
+    from attnbench.reporting.model_report import summary, write_model_report
     from attnbench.runs.model_runner import run_models
     from attnbench.runs.model_suite import load_model_suite
     from attnbench.runs.overrides import resolve_device
@@ -49,7 +49,8 @@ def run(args) -> int:
         run_dir = run_models(suite, args.out, device, args.run_id)
         print(f"run: {run_dir}")
     path = write_model_report(run_dir, Path(args.report_dir) / run_dir.name)
-    print(f"report: {path}")
+    print(summary(run_dir))
+    print(f"report: {path}  ({path.with_suffix('.html')})")
     return 0
 
 
@@ -66,7 +67,7 @@ def _in_fresh_process(suite, device, args) -> int:
 
 
 def _child(suite, device, out, run_id, report_dir) -> None:
-    from attnbench.reporting.model_report import write_model_report
+    from attnbench.reporting.model_report import summary, write_model_report
     from attnbench.runs.model_runner import run_models
 
     try:
@@ -75,4 +76,6 @@ def _child(suite, device, out, run_id, report_dir) -> None:
         print(f"attnbench: error: {exc}", file=sys.stderr)
         sys.exit(2)
     print(f"run: {run_dir}")
-    print(f"report: {write_model_report(run_dir, Path(report_dir) / run_dir.name)}")
+    path = write_model_report(run_dir, Path(report_dir) / run_dir.name)
+    print(summary(run_dir))
+    print(f"report: {path}  ({path.with_suffix('.html')})")

@@ -1,5 +1,6 @@
-"""``attnbench publish``: the index of the published runs under results/ (tracked by git or
-marked PUBLISH), linking each report; ``--all``: every run, in reports/all-runs/."""
+"""``attnbench publish``: the index of the pooled reports, the published runs under results/
+(tracked by git or marked PUBLISH) and the model runs, one line each linking its report;
+``--all``: every run, in reports/all-runs/."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from attnbench.core.errors import BadInput
 
 
 def add_parser(sub) -> None:
-    pub = sub.add_parser("publish", help="write reports/index.md and .html: each published "
-                                         "run under results/ (tracked by git or marked "
-                                         "PUBLISH) with its headline, linking its report")
+    pub = sub.add_parser("publish", help="write reports/index.md and .html: pooled reports, "
+                                         "published runs (tracked by git or marked PUBLISH) "
+                                         "and model runs, one headline each, linking reports")
     pub.add_argument("--results", default="results", help="runs folder (default: results)")
     pub.add_argument("--reports", default="reports", help="reports folder (default: reports)")
     pub.add_argument("--rebuild", action="store_true",
-                     help="regenerate every run's report before the index")
+                     help="regenerate every listed report before the index")
     pub.add_argument("--all", action="store_true", dest="every",
                      help="index every run, ad-hoc ones too, in reports/all-runs/ instead")
     pub.set_defaults(func=run)

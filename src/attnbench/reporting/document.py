@@ -1,5 +1,6 @@
-"""A report as blocks, rendered twice: Markdown for a code host, and one self-contained HTML
-file (images embedded as data URIs, styles inline, no script, nothing fetched).
+"""A report as blocks, rendered twice: Markdown for a code host, and one HTML file (styles
+inline, no script, nothing fetched from elsewhere). Charts are SVG files beside both pages,
+which point to the same files, so each image exists once.
 
 Every string is escaped where it is written, so text from records (a reason quoting a
 library's message, a backend's name) can neither break a table nor inject markup.
@@ -7,10 +8,8 @@ library's message, a backend's name) can neither break a table nor inject markup
 
 from __future__ import annotations
 
-import base64
 import html
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +68,15 @@ class Figures:
     figures: list[Figure] = field(default_factory=list)
 
 
-Block = Heading | Para | Bullets | Table | Figures
+@dataclass
+class Details:
+    """One collapsed line (HTML ``<details>``): what a reader rarely needs, kept out of the
+    way but never dropped."""
+    summary: str
+    items: list[list[Inline]] = field(default_factory=list)
+
+
+Block = Heading | Para | Bullets | Table | Figures | Details
 
 MD_SPECIAL = re.compile(r"([\\`*\[\]|<>#])")
 # An underscore inside a word (sliding_window) is literal in GitHub's Markdown; one at a word's
@@ -173,6 +180,10 @@ def to_markdown(blocks: list[Block]) -> str:
             out.append("\n".join(f"- {_md_inline(item)}" for item in b.items) + "\n")
         elif isinstance(b, Table):
             out.append(_md_table(b))
+        elif isinstance(b, Details):
+            items = "\n".join(f"- {_md_inline(item)}" for item in b.items)
+            out.append(f"<details><summary>{esc(b.summary)}</summary>\n\n{items}\n\n"
+                       f"</details>\n")
         elif isinstance(b, Figures):
             for fig in b.figures:
                 out.append(f"![{md_escape(fig.alt)}]({fig.file})\n")
@@ -199,6 +210,7 @@ figure{margin:0;border:1px solid #e3e3e3;padding:.4em;background:#fff}
 figure.wide{grid-column:1/-1}figure img{max-width:100%;height:auto;display:block}
 figcaption{font-size:.85em;color:#333;margin-top:.3em}
 code{background:#f3f3f3;padding:0 .2em}
+details{margin:.6em 0;color:#444}summary{cursor:pointer}
 """
 
 
@@ -232,24 +244,27 @@ def _html_table(t: Table) -> str:
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
-def png_size(data: bytes) -> tuple[int, int] | None:
-    """Width and height from a PNG's header."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n" or len(data) < 24:
+SVG_SIZE = re.compile(rb'<svg[^>]*?\swidth="([\d.]+)pt"[^>]*?\sheight="([\d.]+)pt"', re.S)
+
+
+def svg_size(data: bytes) -> tuple[int, int] | None:
+    """Width and height in CSS pixels from an SVG's header (matplotlib writes points)."""
+    m = SVG_SIZE.search(data[:2000])
+    if not m:
         return None
-    return struct.unpack(">II", data[16:24])
+    return round(float(m.group(1)) * 4 / 3), round(float(m.group(2)) * 4 / 3)
 
 
 def _html_figures(figs: Figures, folder: Path) -> str:
     out = []
     for fig in figs.figures:
-        data = (folder / fig.file).read_bytes()
-        size = png_size(data)
+        path = folder / fig.file
+        size = svg_size(path.read_bytes()) if path.is_file() else None
         dims = f' width="{size[0]}" height="{size[1]}"' if size else ""
-        uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
         caption = f"<figcaption>{esc(fig.caption)}</figcaption>" if fig.caption else ""
         wide = ' class="wide"' if size and size[0] > 900 else ""  # a row of its own
-        out.append(f'<figure id="{esc(slug(fig.file))}"{wide}><img src="{uri}" '
-                   f'alt="{esc(fig.alt)}"{dims}>{caption}</figure>')
+        out.append(f'<figure id="{esc(slug(fig.file))}"{wide}><img src="{esc(fig.file)}" '
+                   f'alt="{esc(fig.alt)}"{dims} loading="lazy">{caption}</figure>')
     return f'<div class="figs">{"".join(out)}</div>'
 
 
@@ -260,7 +275,7 @@ def _toc(blocks: list[Block]) -> str:
 
 
 def to_html(blocks: list[Block], folder: Path, title: str) -> str:
-    """One file that needs nothing else: images inline, no script, no remote asset."""
+    """One page: its charts are the files beside it, no script, no remote asset."""
     anchors(blocks)
     body = []
     for i, b in enumerate(blocks):
@@ -277,6 +292,10 @@ def to_html(blocks: list[Block], folder: Path, title: str) -> str:
             body.append(_html_table(b))
         elif isinstance(b, Figures):
             body.append(_html_figures(b, folder))
+        elif isinstance(b, Details):
+            items = "".join(f"<li>{_html_inline(item)}</li>" for item in b.items)
+            body.append(f"<details><summary>{esc(b.summary)}</summary><ul>{items}</ul>"
+                        f"</details>")
     text = "\n".join(body)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -284,7 +303,8 @@ def to_html(blocks: list[Block], folder: Path, title: str) -> str:
             f"<body><main>\n{text}\n</main></body></html>\n")
 
 
-def write(blocks: list[Block], folder: Path, title: str) -> None:
+def write(blocks: list[Block], folder: Path, title: str, stem: str = "index") -> None:
+    """``<stem>.md`` and ``<stem>.html`` in ``folder``."""
     anchors(blocks)
-    write_atomic(folder / "index.md", to_markdown(blocks))
-    write_atomic(folder / "index.html", to_html(blocks, folder, title))
+    write_atomic(folder / f"{stem}.md", to_markdown(blocks))
+    write_atomic(folder / f"{stem}.html", to_html(blocks, folder, title))

@@ -17,6 +17,7 @@ from attnbench.analysis.comparisons import Comparison
 from attnbench.measure.ceilings import copy_ladder
 from attnbench.reporting import lines as line_groups
 from attnbench.reporting import tables
+from attnbench.reporting.interval_text import ratio_text
 from attnbench.reporting.plots import n_label
 from attnbench.runs.dataset import Run
 from attnbench.stats import fits, pooling, ratios, significance
@@ -54,7 +55,7 @@ def speedups(c: Comparison, df: pd.DataFrame) -> pd.DataFrame:
 
 def _ratio_cell(r) -> str:
     if pd.notna(r.get("speedup")):
-        iv_text = ratios.format_ratio(_interval(r))
+        iv_text = ratio_text(_interval(r))
         return iv_text + ("" if r["significant"] else " (n.s.)")
     if r["status"] != "ok":
         return r["status"]
@@ -185,7 +186,7 @@ def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
             if not d.significant:
                 row["winner"] = f"no winner ({w['backend']} or {r['backend']})"
             row |= {"runner-up": r["backend"],
-                    "margin [95% interval]": ratios.format_ratio(d.interval),
+                    "margin [95% interval]": ratio_text(d.interval),
                     "significant": d.describe()}
             rest = [f"{o['backend']} {o['time_ms_median'] / w['time_ms_median']:.3g}x"
                     for _, o in ok.iloc[2:].iterrows()] + rest
@@ -350,7 +351,7 @@ def comparison_headline(c: Comparison, sp: pd.DataFrame) -> str | None:
     where = f"N = {tables.seq_label(best)}, {best['dtype']} {best['mode']}"
     if "run_id" in ok and ok["run_id"].nunique() > 1:  # not poolable: say which run
         where += f", run {best['run_id']}"
-    iv = ratios.format_ratio(_interval(best))
+    iv = ratio_text(_interval(best))
     sig = "" if best["significant"] else \
         f", not significant {str(best['significance']).removeprefix('no ')}"
     return _headline_text(c, best["backend"], iv, best["speedup"] >= 1, where, sig)

@@ -4,7 +4,8 @@ Every chart draws one line per ``tables.line_columns`` line (a knob sweep or a s
 gets a line of its own), keeps a backend's colour the same across a report (``Palette``),
 and marks each point that is not ok with its status along the bottom of the plot, so a
 missing point is never silent. Sizes and values that span a decade get log axes. Each
-function writes one PNG and returns a ``Chart`` (its file, alt text and status marks), or
+function writes one SVG (text kept as text, coordinates rounded, no date or random id, so the
+same records give the same bytes) and returns a ``Chart`` (its file, alt text and status marks), or
 None when it has nothing to draw.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,10 @@ from attnbench.reporting import guide_lines  # noqa: E402
 from attnbench.reporting import lines as line_groups  # noqa: E402
 
 DPI = 100
+SVG_RC = {"svg.fonttype": "none",  # text as <text>, not one path per glyph
+          "svg.hashsalt": "attnbench",  # ids from this salt, not from a random one
+          "font.sans-serif": ["DejaVu Sans", "Arial"],  # each <text> repeats the list
+          "path.simplify": True}
 SIZE = (6.4, 4.2)
 MIB = 2.0 ** 20
 ERROR_FLOOR = 1e-12  # errors of exactly 0 are drawn here on log axes
@@ -188,7 +194,7 @@ def _y_axis(ax, values, label: str, force_log: bool = False) -> None:
 MAX_FILE_NAME = 150  # bytes; file systems allow 255, and _finish adds a '.' and '.tmp'
 
 
-def chart_file_name(stem: str, suffix: str = ".png") -> str:
+def chart_file_name(stem: str, suffix: str = ".svg") -> str:
     """``stem + suffix``, shortened past MAX_FILE_NAME (a suite named with 226 characters
     must not fail the report) with a hash of the whole stem, so names stay distinct."""
     name = stem + suffix
@@ -215,9 +221,58 @@ def _finish(fig, ax_or_axes, path: Path, title: str) -> None:
                    loc="upper center", bbox_to_anchor=(0.5, 0.0),
                    ncol=2 if len(entries) > 3 else 1)
     tmp = path.with_name(f".{path.name}.tmp")  # atomic: a reader never sees half a chart
-    fig.savefig(tmp, dpi=DPI, bbox_inches="tight", pad_inches=0.15, format="png")
-    os.replace(tmp, path)
+    with matplotlib.rc_context(SVG_RC):
+        fig.savefig(tmp, bbox_inches="tight", pad_inches=0.15, format="svg",
+                    metadata={"Date": None, "Creator": None})
     plt.close(fig)
+    tmp.write_text(compact_svg(tmp.read_text(encoding="utf-8")), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+GROUP_ID = re.compile(r'<g id="[A-Za-z]+(?:_[A-Za-z]+)*_\d+">')  # labels nothing refers to
+NUMBER = re.compile(r"-?\d+\.\d+")
+COORDINATES = re.compile(r'(\s(?:d|x|y|x1|x2|y1|y2|width|height|transform)=")([^"]*)(")')
+
+
+def _round(match: re.Match) -> str:
+    text = f"{float(match.group(0)):.1f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+def _numbers(value: str) -> str:
+    """Rounded, and a path's commands joined without line breaks (``M 1 2 L 3 4``)."""
+    value = NUMBER.sub(_round, value)
+    return re.sub(r"\s+", " ", value).strip() if "\n" in value else value
+
+
+def compact_svg(text: str) -> str:
+    """Coordinates to a tenth of a point (a 100th of a pixel would not show) and no
+    comments: what a chart needs and nothing else."""
+    text = re.sub(r"<!--.*?-->\s*", "", text, flags=re.S)
+    text = GROUP_ID.sub("<g>", text)
+    text = re.sub(r"\n[ ]+", "\n", text)
+    text = re.sub(r' transform="rotate\(-?0 [-\d. ]+\)"', "", text)  # unrotated text
+    text = COORDINATES.sub(lambda m: m.group(1) + _numbers(m.group(2)) + m.group(3), text)
+    for _ in range(3):  # a group without attributes around one element, or around nothing
+        text = re.sub(r"<g>\n(<(?:use|path|text)\b[^>]*/>)\n</g>", r"\1", text)
+        text = re.sub(r"<g>\n</g>\n", "", text)
+    return _style_classes(text)
+
+
+def _style_classes(text: str) -> str:
+    """Inline styles used three times or more become classes in one <style>, named in
+    order of first use."""
+    counts: dict[str, int] = {}
+    for style in re.findall(r' style="([^"]*)"', text):
+        counts[style] = counts.get(style, 0) + 1
+    names = {style: f"s{i}" for i, style in enumerate(s for s, n in counts.items() if n >= 3)}
+    if not names:
+        return text
+    text = re.sub(r' style="([^"]*)"',
+                  lambda m: f' class="{names[m.group(1)]}"' if m.group(1) in names
+                  else m.group(0), text)
+    css = "".join(f".{name}{{{style}}}" for style, name in names.items())
+    return text.replace("<defs>", f'<defs>\n<style type="text/css">{css}</style>', 1)
 
 
 def _plain_log_ticks(axis) -> None:
@@ -325,9 +380,9 @@ def speedup_chart(speedups: pd.DataFrame, title: str, path: Path, lines: list[st
         else:
             ax.plot([], [], label=ls.label(line) + " (no ratio)", **st)
         for _, r in g[~has].iterrows():
-            why = r["status"] if r["status"] != "ok" else (
-                "no baseline" if r.get("baseline_status") == "missing"
-                else f"baseline {r.get('baseline_status')}")
+            if r["status"] == "ok" and r.get("baseline_status") == "missing":
+                continue  # nothing to divide by here: the time chart shows the point
+            why = r["status"] if r["status"] != "ok" else f"baseline {r.get('baseline_status')}"
             ls.mark(ax, chart, line, int(r["seq_q"]), float(ls.x(i, [r["seq_q"]])[0]), why)
     for goal in goals or []:
         color = ls.palette.color(goal["backend"])
@@ -375,21 +430,35 @@ def tflops_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str]
         for _, r in g[~g.index.isin(ok.index)].iterrows():
             ls.mark(ax, chart, line, int(r["seq_q"]), float(ls.x(i, [r["seq_q"]])[0]),
                     r["status"])
-    styles = iter(["--", "-.", ":", (0, (5, 1))])
-    for run, value in ceilings.items():
-        ax.axhline(value, color="#222222", linestyle=next(styles, "--"), linewidth=1.2,
-                   label=f"measured matmul ceiling{'' if len(ceilings) < 2 else ' ' + run}: "
-                         f"{value:.3g} TFLOP/s")
-        values.append(value)
+    values += _ceiling(ax, ceilings)
     _x_axis(ax, ls.sizes, _rectangular(records))
     _y_axis(ax, values, "TFLOP/s (work the backend performs)")
     ls.reserve(ax)
     _finish(fig, ax, path, title)
-    extra = ("Horizontal line: the matmul rate measured at the start of the run."
-             if ceilings else "No ceiling was measured for this dtype.")
+    extra = ("No ceiling was measured for this dtype." if not ceilings else
+             "Horizontal line: the matmul rate measured at the start of the run." if
+             len(ceilings) == 1 else f"Horizontal line: the median of the matmul rates "
+             f"measured at the start of the {len(ceilings)} runs, the band their range.")
     chart.alt = _alt("Throughput in TFLOP/s against sequence length", ls, facet, chart.marks,
                      extra)
     return chart
+
+
+def _ceiling(ax, ceilings: dict[str, float]) -> list[float]:
+    """The measured matmul ceiling: one line, and over several runs their median with their
+    range as a band (one line per run would hatch the plot)."""
+    if not ceilings:
+        return []
+    v = sorted(ceilings.values())
+    mid = float(np.median(v))
+    if len(v) == 1:
+        label = f"measured matmul ceiling: {mid:.3g} TFLOP/s"
+    else:
+        label = (f"measured matmul ceiling, median of {len(v)} runs: {mid:.3g} TFLOP/s "
+                 f"(range {v[0]:.3g}-{v[-1]:.3g})")
+        ax.axhspan(v[0], v[-1], color="#222222", alpha=0.12, linewidth=0)
+    ax.axhline(mid, color="#222222", linestyle="--", linewidth=1.2, label=label)
+    return [v[0], v[-1]]
 
 
 def memory_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],

@@ -1,11 +1,15 @@
-"""Reports: ``reports/<name>/index.md`` and a self-contained ``index.html``, comparison first.
+"""Reports: ``reports/<name>/index.md`` and ``index.html``, answers first, with their SVG
+charts beside them and the long tables in ``appendix.md`` and ``appendix.html``.
 
-Each comparison (declared in the suite, or inferred from backends that ran the same
-problems) gets its panel set per dtype and mode: time, speedup over the baseline, TFLOP/s
+The page opens on its answers (per comparison: the fastest backend and by how much, where it
+crosses over the baseline, how accurate it is), then the claims decided, the winners, and
+each comparison (declared in the suite, or inferred from backends that ran the same
+problems) with its panel set per dtype and mode: time, speedup over the baseline, TFLOP/s
 against the measured ceiling, memory against its floor, error against the tolerance, and,
-with approximate backends, error against time with the Pareto front. Then the tables:
-winners per problem, exponents in N, crossovers, reasons records are not ok, the
-environment. Every number comes from the records of the runs given.
+with approximate backends, error against time with the Pareto front. What was not measured
+or left out is one collapsed line. The appendix holds the environment, exponents in N, the
+records that are not ok and the tables by metric. Every number comes from the records of
+the runs given; the same records give the same bytes.
 """
 
 from __future__ import annotations
@@ -20,16 +24,28 @@ from attnbench.analysis.claims import claims_table, pooled_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
 from attnbench.reporting import (
+    answers,
     device_state_table,
     document,
     findings,
     guide_lines,
     inputs_error,
     plots,
+    sources,
     tables,
     time_breakdown,
 )
-from attnbench.reporting.document import Bold, Bullets, Figure, Figures, Heading, Para, Table
+from attnbench.reporting.document import (
+    Bold,
+    Bullets,
+    Details,
+    Figure,
+    Figures,
+    Heading,
+    Link,
+    Para,
+    Table,
+)
 from attnbench.runs import dataset
 from attnbench.runs.record_files import write_atomic
 from attnbench.runs.suite import declared_comparisons
@@ -37,6 +53,13 @@ from attnbench.stats import significance
 
 FACET = ["dtype", "mode"]
 CHART_KINDS = ("time", "speedup", "tflops", "memory", "error", "pareto")
+# the kinds left out, in this order, while the charts pass their budget; the last two only
+# where the pages alone leave too little of the report's budget
+LEAST_NEEDED = ("tflops", "memory", "pareto", "error")
+KIND_NAMES = {"tflops": "throughput", "memory": "memory", "pareto": "error against time",
+              "error": "error"}
+CHART_BUDGET = 900_000  # bytes of charts in one report, before kinds are left out
+REPORT_BUDGET = 1_500_000  # bytes of one report folder, pages and charts
 
 
 def ceiling_check(df: pd.DataFrame) -> str | None:
@@ -65,7 +88,10 @@ class Report:
         self.df = dataset.combined(runs)
         self.palette = plots.Palette()
         self.files: list[str] = []
-        self.claims = {r.label: r.meta.get("claims") or [] for r in runs}
+        self.claims = {r.label: [sources.cited(c) for c in r.meta.get("claims") or []]
+                       for r in runs}
+        self.drawn: list[tuple[str, str, Figures]] = []  # (kind, file, where it is shown)
+        self.left_out: dict[str, int] = {}  # chart kind -> charts left out for the budget
         planned, self.notes = self._plan()
         # each comparison with its records and its speedups over the baseline
         self.planned = [(c, recs, findings.speedups(c, recs)) for c, recs in planned]
@@ -87,14 +113,15 @@ class Report:
     # ---- headline ---------------------------------------------------------------------
 
     def headlines(self) -> list[str]:
+        """The answers: per comparison, fastest, by how much, crossover, accuracy; then the
+        goals' verdicts and what limits the numbers."""
         out = []
-        for c, _, sp in self.planned:
-            line = findings.comparison_headline(c, sp)
+        for c, recs, sp in self.planned:
+            line = answers.comparison_answer(c, recs, sp)
             if line:
                 out.append(line)
         for run in self.runs:
-            verdicts = findings.claim_verdicts(run.records.assign(run_id=run.label),
-                                               self.claims[run.label])
+            verdicts = self.verdicts(run)
             if verdicts:
                 out.append(verdicts + (f" ({run.label})" if len(self.runs) > 1 else ""))
         pooled = self.pooled_claims()
@@ -107,11 +134,25 @@ class Report:
                 out.append(line)
         return out + inputs_error.headlines(self.df)
 
+    def verdicts(self, run: dataset.Run) -> str | None:
+        return findings.claim_verdicts(run.records.assign(run_id=run.label),
+                                       self.claims[run.label])
+
+    def short_headline(self) -> str:
+        """One line of at most ``answers.INDEX_WIDTH`` characters, for the index."""
+        pooled = self.pooled_claims()
+        if not pooled.empty:
+            verdicts = f"goals pooled over {len(self.runs)} runs: " + ", ".join(
+                f"{n} {v}" for v, n in pooled["verdict"].value_counts().items())
+        else:
+            verdicts = self.verdicts(self.runs[0]) if self.runs else None
+        return answers.short_headline(self.planned, verdicts)
+
     # ---- charts -----------------------------------------------------------------------
 
     @staticmethod
     def chart_name(kind: str, c: Comparison, facet: tuple) -> str:
-        """What the file shows: time--family-window-vs-causal--float32-fwd.png."""
+        """What the file shows: time--family-window-vs-causal--float32-fwd.svg."""
         return plots.chart_file_name(
             f"{kind}--{c.slug}--{comparisons.slugify('-'.join(map(str, facet)))}")
 
@@ -125,7 +166,7 @@ class Report:
         return out
 
     def panel_set(self, c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame, facet: tuple
-                  ) -> list[Figure]:
+                  ) -> list[tuple[str, Figure]]:
         dtype, mode = facet
         lines = tables.line_columns(recs)
         where = f"{dtype}, {mode}"
@@ -166,45 +207,77 @@ class Report:
             chart = draw(self.out / name)
             if chart is not None:
                 self.files.append(name)
-                figures.append(Figure(name, chart.alt, f"{caption}. ({name})"))
+                figures.append((kind, Figure(name, chart.alt, f"{caption}. ({name})")))
         return figures
 
     # ---- the document -----------------------------------------------------------------
 
     def blocks(self) -> list:
+        """The main page; ``fit_budget`` and ``finish_aside`` run after it (charts are
+        drawn as the blocks are made)."""
         names = ", ".join(r.label for r in self.runs)
         out: list = [Heading(1, f"attnbench report: {names}")]
         suites = ", ".join(dict.fromkeys(r.suite for r in self.runs if r.suite))
+        devices = ", ".join(dict.fromkeys(r.device for r in self.runs))
         out.append(Para([f"{len(self.df)} records from {len(self.runs)} run(s) of suite(s) ",
-                         Bold(suites or "?"), ". Each comparison below has its panel set per "
-                         "dtype and mode; every interval is 95%, paired where both sides were "
-                         "timed in the same interleaved rounds, unless its coverage is written "
-                         "next to it, as in [3.47, 4.47, 75%] (fewer than 6 samples cannot "
-                         "reach 95%; such an interval is never called significant). Points "
-                         "that are not ok are "
-                         "marked with their status at the bottom of a chart."]))
+                         Bold(suites or "?"), f" on {devices}. Every interval is 95%, paired "
+                         "where both sides were timed in the same interleaved rounds, unless "
+                         "its coverage is written next to it, as in [3.47, 4.47, 75%]; one "
+                         "that reaches further than its value from it reads 'too noisy to "
+                         "say'. Points that are not ok are marked with their status at the "
+                         "bottom of a chart. The environment, exponents in N, records that "
+                         "are not ok and the tables by metric are in the ",
+                         Link("appendix", "appendix.html", "appendix.md"), "."]))
         heads = self.headlines()
         if heads:
-            out += [Heading(2, "Headline"), Bullets([[h] for h in heads])]
-        out += self._environment()
+            out += [Heading(2, "Answers"), Bullets([[h] for h in heads])]
+        self.aside = Details("", [[n] for n in self.notes])
+        out.append(self.aside)
+        over = ceiling_check(self.df)
+        if over:
+            out.append(Para([Bold("Ceiling check failed: "), over]))
         out += self._claims()
+        out += self._winners()
         out += inputs_error.blocks(self.df)
         for c, recs, sp in self.planned:
             out += self._comparison(c, recs, sp)
         out += time_breakdown.blocks(self)
+        return out
+
+    def finish_aside(self) -> None:
+        """The collapsed line's summary: how many things were not measured or left out."""
+        said = []
+        unmeasured = sum(1 for item in self.aside.items
+                         if str(item[0]).startswith("claim not measured"))
+        if unmeasured:
+            said.append(f"{unmeasured} claim(s) not measured")
+        if self.notes:
+            said.append(f"{len(self.notes)} note(s) on comparisons left out")
+        if self.left_out:
+            n = sum(self.left_out.values())
+            kinds = ", ".join(f"{k} {KIND_NAMES[kind]}" for kind, k in self.left_out.items())
+            said.append(f"{n} chart(s) left out to keep the report small ({kinds})")
+            self.aside.items.append([f"{n} chart(s) left out ({kinds}): the report would "
+                                     f"pass its size budget ({CHART_BUDGET // 1000} kB of "
+                                     f"charts, {REPORT_BUDGET // 1000} kB in all), so the "
+                                     f"least needed kinds were dropped; their numbers are in "
+                                     f"the appendix's tables."])
+        self.aside.summary = "Not shown: " + "; ".join(said) if said else ""
+
+    def appendix(self) -> list:
+        names = ", ".join(r.label for r in self.runs)
+        out: list = [Heading(1, f"attnbench report appendix: {names}"),
+                     Para(["The long tables behind the ", Link("report", "index.html",
+                                                               "index.md"), "."])]
+        out += self._environment()
         out += self._tables()
         return out
 
     def _environment(self) -> list:
-        out = [Heading(2, "Runs and environment"),
-               Table(device_state_table.extend(findings.environment(self.runs), self.runs),
-                     "One column per run: the device, versions, the ceilings measured at the "
-                     "start of the run, how steady the drift probe stayed, the commit.")]
-        over = ceiling_check(self.df)
-        if over:
-            out.append(Para([Bold("Ceiling check failed: "), over]))
-        out += [Para([n]) for n in self.notes]
-        return out
+        return [Heading(2, "Runs and environment"),
+                Table(device_state_table.extend(findings.environment(self.runs), self.runs),
+                      "One column per run: the device, versions, the ceilings measured at "
+                      "the start of the run, how steady the drift probe stayed, the commit.")]
 
     def _claims(self) -> list:
         out = []
@@ -213,7 +286,7 @@ class Report:
             if not claims:
                 continue
             if not out:
-                out += [Heading(2, "Claims and measurements"),
+                out += [Heading(2, "Claims decided"),
                         Para(["Each claim is data in the suite; its measurement comes from the "
                               "run's ok records with a 95% interval ('paired' when both sides "
                               "were timed in the same interleaved rounds, else a bootstrap). "
@@ -222,7 +295,12 @@ class Report:
                               "verdict is the one the rule stopped on. "
                               "'inconclusive': the interval straddles an expected bound."])]
             table = claims_table(run.records.assign(run_id=run.label), claims)
-            out.append(Table(table.set_index("claim"), f"Run {run.label}"))
+            missing = table["verdict"] == "not measured"
+            where = f" ({run.label})" if len(self.runs) > 1 else ""
+            self.aside.items += [[f"claim not measured{where}: {r['claim']}"]
+                                 for _, r in table[missing].iterrows()]
+            if (~missing).any():
+                out.append(Table(table[~missing].set_index("claim"), f"Run {run.label}"))
         pooled = self.pooled_claims()
         if not pooled.empty:
             out += [Heading(3, "Pooled over runs"),
@@ -266,24 +344,46 @@ class Report:
                               "bracket it."]),
                         Table(cross)]
         for facet, g in recs.groupby(FACET, sort=False):
-            figures = self.panel_set(c, g, sp, facet)
-            if figures:
-                out += [Heading(3, f"Charts: {c.name}, {' '.join(facet)}"), Figures(figures)]
+            drawn = self.panel_set(c, g, sp, facet)
+            if drawn:
+                shown = Figures([f for _, f in drawn])
+                self.drawn += [(kind, f.file, shown) for kind, f in drawn]
+                out += [Heading(3, f"Charts: {c.name}, {' '.join(facet)}"), shown]
         return out
+
+    def fit_budget(self, budget: int | None = None) -> None:
+        """Past ``budget`` bytes of charts, leave out the least needed kinds, whole kinds
+        at a time (a report never shows throughput for some comparisons only)."""
+        budget = CHART_BUDGET if budget is None else budget
+
+        def size() -> int:
+            return report_size(self.out, self.files)
+
+        for kind in LEAST_NEEDED:
+            if size() <= budget:
+                return
+            for k, name, shown in [d for d in self.drawn if d[0] == kind]:
+                shown.figures = [f for f in shown.figures if f.file != name]
+                self.files.remove(name)
+                (self.out / name).unlink(missing_ok=True)
+                self.drawn.remove((k, name, shown))
+                self.left_out[kind] = self.left_out.get(kind, 0) + 1
+
+    def _winners(self) -> list:
+        win = findings.winners(self.df, tables.line_columns(self.df))
+        if win.empty:
+            return []
+        return [Heading(2, "Winners per problem"),
+                Para(["For every problem (case) two or more backends ran: the fastest ok "
+                      "backend, its margin over the runner-up (the runner-up's time over the "
+                      "winner's, 95% interval) and whether the margin is significant: "
+                      f"{significance.RULE}. Without a significant margin there is no winner."]),
+                Table(win)]
 
     def _tables(self) -> list:
         df = self.df
         lines = tables.line_columns(df)
         out = []
-        win = findings.winners(df, lines)
-        if not win.empty:
-            out += [Heading(2, "Winners per problem"),
-                    Para(["For every problem (case) two or more backends ran: the fastest ok "
-                          "backend, its margin over the runner-up (the runner-up's time over "
-                          "the winner's, 95% interval) and whether the margin is significant: "
-                          f"{significance.RULE}. Without a significant margin there is no "
-                          "winner."]),
-                    Table(win)]
         exps = findings.exponents(df, lines)
         if not exps.empty:
             out += [Heading(2, "Scaling: exponents in N"),
@@ -324,15 +424,31 @@ class Report:
 
 
 MANIFEST = ".attnbench-report.json"  # the files a build wrote: the only ones it may remove
-DOCUMENTS = ("index.md", "index.html")
+DOCUMENTS = ("index.md", "index.html", "appendix.md", "appendix.html")
+
+
+def _manifest(out: Path) -> dict:
+    try:
+        found = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _written_before(out: Path) -> list[str]:
-    try:
-        names = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("files", [])
-    except (OSError, ValueError, AttributeError):
-        return []  # no manifest (or not ours): nothing here is known to be ours
-    return [n for n in names if isinstance(n, str) and n == Path(n).name]
+    names = _manifest(out).get("files", [])  # no manifest (or not ours): nothing is ours
+    return [n for n in names if isinstance(n, str) and n == Path(n).name] \
+        if isinstance(names, list) else []
+
+
+def runs_of(out: Path) -> list[str]:
+    """The run folders' names a report was built from (its manifest), [] when unknown."""
+    names = _manifest(out).get("runs", [])
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def report_size(out: Path, files: list[str]) -> int:
+    return sum((out / n).stat().st_size for n in files if (out / n).is_file())
 
 
 def build_report(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
@@ -342,10 +458,20 @@ def build_report(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     report = Report(dataset.load(run_dirs), out)
     blocks = report.blocks()
+    appendix = report.appendix()
+    pages = sum(len(text.encode()) for text in (
+        document.to_markdown(blocks), document.to_html(blocks, out, ""),
+        document.to_markdown(appendix), document.to_html(appendix, out, "")))
+    report.fit_budget(min(CHART_BUDGET, REPORT_BUDGET - pages))
+    report.finish_aside()
+    blocks = [b for b in blocks if not (isinstance(b, Details) and not b.summary)]
     for stale in set(_written_before(out)) - set(report.files) - set(DOCUMENTS):
         (out / stale).unlink(missing_ok=True)
-    title = "attnbench report: " + ", ".join(r.label for r in report.runs)
-    document.write(blocks, out, title)
-    write_atomic(out / MANIFEST, json.dumps({"files": list(DOCUMENTS) + report.files},
+    names = ", ".join(r.label for r in report.runs)
+    document.write(blocks, out, "attnbench report: " + names)
+    document.write(appendix, out, "attnbench report appendix: " + names, "appendix")
+    files = list(DOCUMENTS) + sorted(report.files)
+    write_atomic(out / MANIFEST, json.dumps({"files": files,
+                                             "runs": [Path(d).name for d in run_dirs]},
                                             indent=1) + "\n")
     return out

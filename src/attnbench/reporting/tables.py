@@ -4,7 +4,7 @@
 every other case field (and the run, when several are shown) that varies among the
 records. Two records never share a cell silently: knob sweeps (linear's feature_map elu vs
 favor, a scale sweep) get a row each. Values are formatted by their metric's declaration;
-a time shows its 95% interval's half-width.
+a time shows its 95% interval's half-width, or "too noisy to say".
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pandas as pd
 
 from attnbench.core import metrics
 from attnbench.core.record import CASE_COLUMNS
+from attnbench.reporting.interval_text import half_width_text
 from attnbench.stats.intervals import coverage_note
 
 STATUS_SHORT = {"unavailable": "n/a", "unsupported": "unsup", "skipped": "skip"}
@@ -77,8 +78,7 @@ def _format(row, value_col: str) -> str:
         text = "" if value is None or (isinstance(value, float) and pd.isna(value)) \
             else (f"{value:.3g}" if isinstance(value, float) else str(value))
     if value_col == "time_ms_median" and text and pd.notna(row.get("time_ms_ci_high")):
-        half = max(row["time_ms_ci_high"] - value, value - row["time_ms_ci_low"]) / value
-        text += f" ±{half:.0%}"
+        text += half_width_text(value, row["time_ms_ci_low"], row["time_ms_ci_high"])
         conf = row.get("time_ci_confidence")
         note = coverage_note(float(conf)) if conf is not None and pd.notna(conf) else ""
         text += f" ({note})" if note else ""

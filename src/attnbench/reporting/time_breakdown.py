@@ -129,7 +129,7 @@ def blocks(report) -> list:
     df = report.df
     out = []
     shares = kernel_shares(df)
-    roof_name = "roofline.png"
+    roof_name = "roofline.svg"
     ceilings = {r.label: r.meta.get("ceilings") or {} for r in report.runs}
     chart = roofline_chart(df, ceilings, report.out / roof_name, report.palette)
     if shares.empty and chart is None:
