@@ -316,7 +316,7 @@ def test_a_suite_with_bad_lengths_is_refused_in_one_line(lengths_value, mask, sa
 
 def test_a_suite_s_lengths_reach_its_cases(tmp_path):
     path = tmp_path / "t.toml"
-    path.write_text(SUITE.format(mask="causal", lengths='["fixed(8)", "uniform(1, 9)"]'))
+    path.write_text(SUITE.format(mask="causal", lengths='["", "fixed(8)", "uniform(1, 9)"]'))
     suite = load_suite(str(path))
     cases = [c for s in suite.sweeps for c in s.cases()]
-    assert [c.lengths for c in cases] == ["fixed(8)", "uniform(1,9)"]
+    assert [c.lengths for c in cases] == ["", "fixed(8)", "uniform(1,9)"]  # "": dense

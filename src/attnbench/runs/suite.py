@@ -326,9 +326,10 @@ class _Validator:
                 self.fail(key, v, str(exc))
         if key == "lengths":
             if not isinstance(v, str):
-                self.fail(key, v, f"must be a string; allowed: {lengths_axis.FORMS}")
+                self.fail(key, v, f"must be a string; allowed: {lengths_axis.FORMS} or \"\" "
+                                  f"(a dense batch)")
             try:
-                return str(lengths_axis.parse(v))
+                return str(lengths_axis.parse(v)) if v else v
             except ValueError as exc:
                 self.fail(key, v, str(exc))
         if key == "mode":
