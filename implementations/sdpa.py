@@ -12,8 +12,10 @@ GPU and 5.5 s for the first one on a CPU.
 
 A packed batch (``lengths``) runs over nested jagged tensors (``nested_sdpa``); where torch
 refuses a combination (a causal mask on nested inputs, in torch 2.13) the record is
-``unsupported`` with the reason a tiny probe call gave. ``sdpa_padded`` (its own file) is
-the padded baseline of the same cases.
+``unsupported`` with the reason a tiny probe call gave. On CPU, torch 2.13's jagged sdpa has
+no fused kernel: it converts to strided nested tensors and runs the math kernel, whose
+intermediates take memory like a batch padded to its longest document. ``sdpa_padded``
+(its own file) is the padded baseline of the same cases.
 """
 
 from __future__ import annotations
