@@ -4,7 +4,9 @@ Masks are ``mask_mod`` functions turned into a ``BlockMask`` by ``create_block_m
 causal and windows bottom-right aligned (``off = seq_k - seq_q``; query i sees key j iff
 ``i + off - left <= j <= i + off + right``), block-sparse layouts by indexing the case's
 (n_q_blocks, n_k_blocks) layout with ``(q_idx // block_size, kv_idx // block_size)``, the
-same layouts the block_sparse backend uses. GQA through ``enable_gqa``.
+same layouts the block_sparse backend uses. GQA through ``enable_gqa``. A packed batch
+(``lengths``) gets a document mask read from a (B, N) document-id tensor built from the
+offsets, one BlockMask per row.
 
 Compilation happens once per (shape, mask) in ``prepare``: the first call (forward, plus
 backward in backward modes) is timed on its own and recorded as ``compile_s``; the timed
@@ -26,6 +28,7 @@ import torch
 
 from attnbench.core.backend import ALL_MASKS, Backend, Capabilities, wrap_mode
 from attnbench.core.masks import INF
+from attnbench.implementations._varlen import document_ids
 
 # Per device type: dtypes, modes and smallest head dim the compiled kernel accepts.
 DEVICE_LIMITS = {
@@ -57,6 +60,8 @@ def mask_mod_for(case, device):
     """The case's mask as a flex ``mask_mod(b, h, q_idx, kv_idx) -> bool``; None if unmasked."""
     spec = case.mask_spec
     off = case.seq_k - case.seq_q
+    if case.lengths:
+        return document_mask_mod(case, device)
     if spec.kind == "none":
         return None
     if spec.is_banded:
@@ -89,6 +94,21 @@ def mask_mod_for(case, device):
     raise ValueError(f"unknown mask kind {spec.kind!r}")
 
 
+def document_mask_mod(case, device):
+    """A packed batch's mask: query and key in one document of their row (from the offsets,
+    as a (B, N) document-id tensor), and key <= query when causal."""
+    doc = document_ids(case, device)  # (B, N)
+
+    if case.mask == "causal":
+        def document(b, h, q_idx, kv_idx):
+            return (doc[b, q_idx] == doc[b, kv_idx]) & (kv_idx <= q_idx)
+    else:
+        def document(b, h, q_idx, kv_idx):
+            return doc[b, q_idx] == doc[b, kv_idx]
+
+    return document
+
+
 def _cpu_compile_problem() -> str:
     """Why inductor cannot compile flex for CPU here ('' when it can)."""
     if sys.platform == "darwin":
@@ -116,6 +136,7 @@ class Flex(Backend):
         devices=tuple(DEVICE_LIMITS),
         dtypes=("float32", "float16", "bfloat16"),
         masks=ALL_MASKS,
+        lengths=True,
     )
 
     def is_available(self):
@@ -157,7 +178,8 @@ class Flex(Backend):
         mask_mod = mask_mod_for(case, device)
         block_mask = None
         if mask_mod is not None:
-            block_mask = create_block_mask(mask_mod, None, None, case.seq_q, case.seq_k,
+            rows = case.batch if case.lengths else None  # documents differ from row to row
+            block_mask = create_block_mask(mask_mod, rows, None, case.seq_q, case.seq_k,
                                            device=device)
         scale, gqa = case.softmax_scale, case.heads_q != case.heads_kv
         flex = self.kernel()

@@ -10,16 +10,20 @@ import torch
 from attnbench.core.backend import Backend, Capabilities
 from attnbench.core.heads import repeat_kv
 from attnbench.core.masks import allowed_rows
+from attnbench.implementations._varlen import document_allowed
 
 
 class Naive(Backend):
     name = "naive"
     description = "softmax(Q K^T * scale) V with the full score matrix; GQA by repeating K/V"
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"))
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True)
 
     def build(self, case, inputs):
-        allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k,
-                               inputs.q.device, case.block_layout, case.block_size)  # (Nq, Nk)
+        if case.lengths:  # a packed batch: the block-diagonal (document) mask, (B, 1, N, N)
+            allowed = document_allowed(case, inputs.q.device)
+        else:
+            allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k,
+                                   inputs.q.device, case.block_layout, case.block_size)  # (Nq, Nk)
         blocked = None if allowed is None else ~allowed
         empty_rows = None
         if allowed is not None and not bool(allowed.any(dim=-1).all()):

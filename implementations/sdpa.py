@@ -9,6 +9,13 @@ asks the dispatcher (``torch._fused_sdp_choice``), and where it cannot be asked 
 function once under ``torch.profiler`` (outside the timed region) and maps the ATen op it
 saw to a short name (:data:`KERNEL_OPS`). A profiler session per job cost 0.05-0.3 s on a
 GPU and 5.5 s for the first one on a CPU.
+
+A packed batch (``lengths``) runs over nested jagged tensors (``nested_sdpa``); where torch
+refuses a combination (a causal mask on nested inputs, in torch 2.13) the record is
+``unsupported`` with the reason a tiny probe call gave. On CPU, torch 2.13's jagged sdpa has
+no fused kernel: it converts to strided nested tensors and runs the math kernel, whose
+intermediates take memory like a batch padded to its longest document. ``sdpa_padded``
+(its own file) is the padded baseline of the same cases.
 """
 
 from __future__ import annotations
@@ -16,12 +23,15 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
 from attnbench.core.backend import Backend, Capabilities, wrap_mode
+from attnbench.core.heads import repeat_kv
 from attnbench.core.masks import allowed_rows
+from attnbench.implementations._varlen import flat_offsets, from_tokens_major, tokens_major
 
 # ATen ops that identify the SDPA kernel that ran, and their short names.
 KERNEL_OPS = {
@@ -164,12 +174,81 @@ def detect_kernel(f, case, inputs) -> str:
     return kernel_from_ops(e.name for e in prof.events())
 
 
+def nested_sdpa(case, device):
+    """sdpa over nested jagged tensors (torch.nested, layout=torch.jagged), one component
+    per document. The token-major copy in and the view out are part of the timed call (the
+    rows' (B, H, N, D) layout is not the jagged one); K and V are repeated to the query heads
+    (nested sdpa does not broadcast GQA heads)."""
+    offsets = flat_offsets(case).to(device)  # (count + 1,)
+    scale, group, causal = case.softmax_scale, case.group_size, case.mask == "causal"
+
+    def jagged(t):  # (B, H, N, D) -> nested (count, H, j, D)
+        return torch.nested.nested_tensor_from_jagged(tokens_major(t), offsets).transpose(1, 2)
+
+    def sdpa_nested(q, k, v):
+        k, v = repeat_kv(k, group), repeat_kv(v, group)  # (B, Hq, N, D|Dv)
+        o = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), scale=scale,
+                                           is_causal=causal)
+        return from_tokens_major(o.transpose(1, 2).values(), q.shape[0])  # (B, Hq, N, Dv)
+
+    return sdpa_nested
+
+
+@lru_cache(maxsize=32)
+def nested_problem(dtype: str, device: str, causal: bool, grad: bool) -> str:
+    """Why nested jagged sdpa refuses this combination here ('' when it runs): a tiny call
+    of two documents, its exception and the reasons torch logs for it."""
+    import logging
+
+    from attnbench.core.case import Case
+
+    case = Case(batch=1, heads_q=1, heads_kv=1, seq_q=3, seq_k=3, head_dim=8, head_dim_v=8,
+                dtype=dtype, device=device, mask="causal" if causal else "none",
+                mode="fwd_bwd" if grad else "fwd", lengths="fixed(2)")
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            msg = record.getMessage().strip()
+            if msg and not msg.endswith("because:") and msg not in said:
+                said.append(msg)
+
+    log = logging.getLogger("torch.nested._internal.sdpa")
+    keep, propagate = Keep(), log.propagate
+    log.addHandler(keep)
+    log.propagate = False  # torch's own lines would reach stderr for every probe
+    try:
+        x = case.make_inputs()
+        q, k, v = (t.detach().requires_grad_(grad) for t in (x.q, x.k, x.v))
+        with torch.set_grad_enabled(grad):
+            out = nested_sdpa(case, q.device)(q, k, v)
+            if grad:
+                torch.autograd.grad(out, (q, k, v), x.grad_out)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        logged = f" ({'; '.join(said)})" if said else ""
+        return (f"sdpa over nested jagged tensors (torch {torch.__version__}, "
+                f"{'causal' if causal else 'no mask'}, {case.mode}): {first}{logged}")
+    finally:
+        log.removeHandler(keep)
+        log.propagate = propagate
+    return ""
+
+
 class Sdpa(Backend):
     name = "sdpa"
     description = "torch scaled_dot_product_attention, kernel chosen by PyTorch"
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"))
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True)
+
+    def extra_reasons(self, case):
+        if not case.lengths:
+            return []
+        why = nested_problem(case.dtype, case.device, case.mask == "causal", case.needs_grad)
+        return [why] if why else []
 
     def build(self, case, inputs):
+        if case.lengths:  # a packed batch: over nested jagged tensors
+            return nested_sdpa(case, inputs.q.device)
         kwargs = sdpa_arguments(case, inputs.q.device)
 
         def sdpa(q, k, v):
@@ -179,7 +258,8 @@ class Sdpa(Backend):
 
     def prepare(self, case, inputs):
         f = self.build(case, inputs)
-        kernel = chosen_kernel(case, inputs) or detect_kernel(f, case, inputs)
+        kernel = (not case.lengths and chosen_kernel(case, inputs)) or detect_kernel(
+            f, case, inputs)
         prepared = wrap_mode(f, case, inputs)
         prepared.extras["kernel"] = kernel
         return prepared

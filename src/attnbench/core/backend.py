@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from attnbench.core import lengths as lengths_axis
 from attnbench.core.case import MODES, Case, Inputs
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -49,6 +50,7 @@ class Capabilities:
     # Case knobs this backend reads on every case (``Backend.reads_knob``): the ones a line
     # of its records may be named by
     knobs: tuple[str, ...] = ()
+    lengths: bool = False  # packed variable-length batches (a case's ``lengths``)
 
     def reasons(self, case: Case) -> list[str]:
         out = []
@@ -71,6 +73,10 @@ class Capabilities:
             out.append("cross-attention (seq_q != seq_k) not supported")
         if not self.dv_differs and case.head_dim_v != case.head_dim:
             out.append("head_dim_v != head_dim not supported")
+        if case.lengths and not self.lengths:
+            out.append(f"lengths {case.lengths}: not yet implemented for packed batches")
+        elif case.lengths and lengths_axis.unavailable_reason(case.lengths):
+            out.append(lengths_axis.unavailable_reason(case.lengths))
         return out
 
 
@@ -174,6 +180,13 @@ class Backend:
 
 def wrap_mode(f, case: Case, inputs: Inputs) -> Prepared:
     """The timed closure of each mode around a differentiable attention function."""
+    prepared = _mode_closure(f, case, inputs)
+    if case.lengths:  # a packed case's records say what its documents were
+        prepared.extras.update(lengths_axis.record_columns(case))
+    return prepared
+
+
+def _mode_closure(f, case: Case, inputs: Inputs) -> Prepared:
     if case.mode == "fwd":
 
         def run_fwd():

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from attnbench.core import block_layouts, pretrained
 from attnbench.core import inputs as inputs_kinds
+from attnbench.core import lengths as lengths_axis
 from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
 from attnbench.core.masks import MaskSpec, visible_pairs
 
@@ -63,6 +64,7 @@ class Case:
     memory_budget_mb: int = 256
     scale: float | None = None  # None means 1/sqrt(head_dim)
     inputs: str = "randn"  # what q, k, v look like (core/inputs.py); randn stays out of keys
+    lengths: str = ""  # packed documents per row (core/lengths.py); "" (dense) stays out of keys
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -79,6 +81,8 @@ class Case:
             raise ValueError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
         object.__setattr__(self, "inputs", str(inputs_kinds.parse(self.inputs)))
+        if self.lengths:
+            object.__setattr__(self, "lengths", str(lengths_axis.parse(self.lengths)))
 
     # ---- identity -------------------------------------------------------
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
@@ -122,6 +126,9 @@ class Case:
         """Why this shape cannot hold its inputs (a captured model's head count and length,
         a rank above head_dim...), or None. Not raised by the constructor, so that a case
         can be re-shaped freely (the runner blanks lengths to group cases)."""
+        if self.lengths and lengths_axis.shape_problem(self.lengths, self.seq_q, self.seq_k,
+                                                       self.mask):
+            return lengths_axis.shape_problem(self.lengths, self.seq_q, self.seq_k, self.mask)
         spec = self.inputs_spec
         try:
             if spec.captured:
@@ -167,6 +174,9 @@ class Case:
 
     @cached_property
     def visible_pairs(self) -> int:
+        if self.lengths:  # a packed batch: pairs within each document, per row
+            return lengths_axis.visible_pairs_per_row(self.lengths, self.batch, self.seq_q,
+                                                      self.seed, self.mask == "causal")
         return visible_pairs(self.mask_spec, self.seq_q, self.seq_k, self.block_layout,
                              self.block_size)
 

@@ -48,6 +48,14 @@ OPTIONAL_COLUMNS = {
                      "run time) and windows their Q, K, V come from",
     "inputs_token_hash": "captured inputs: sha256 of the text's token ids (the capture cache's "
                          "key)",
+    "lengths_count": "packed batch (lengths): number of documents over all rows",
+    "lengths_max": "packed batch: the longest document's tokens",
+    "lengths_mean": "packed batch: mean tokens per document",
+    "lengths_padding_frac": "packed batch: 1 - total / (count * max), the share of a batch "
+                            "padded to its longest document that is padding",
+    "lengths_hash": "packed batch: sha256 of the documents' lengths, row by row",
+    "lengths_source": "lengths text(package): the documents read (an installed package's "
+                      "module docstrings, tokenized) and the sha256 of their lengths list",
     "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "
                      "num_warps, num_stages) that ran",
     "triton_compiled": "triton_flash: compiled kernel metadata per kernel (registers, spill "

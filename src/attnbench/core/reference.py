@@ -150,6 +150,10 @@ def softmax_reference(q, k, v, mask: MaskSpec, scale: float | None = None,
 def case_reference(case, inputs, need_grads: bool | None = None) -> RefResult:
     """Exact softmax reference of a case (its mask, its block layout)."""
     grads = case.needs_grad if need_grads is None else need_grads
+    if case.lengths:  # a packed batch: each document on its own
+        from attnbench.core.reference_varlen import case_varlen_reference
+
+        return case_varlen_reference(case, inputs, grads)
     return softmax_reference(inputs.q, inputs.k, inputs.v, case.mask_spec, case.softmax_scale,
                              grad_out=inputs.grad_out if grads else None,
                              layout=case.block_layout, block_size=case.block_size)

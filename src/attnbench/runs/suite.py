@@ -18,6 +18,7 @@ from pathlib import Path
 from attnbench.analysis.claim_checks import validate_claims
 from attnbench.analysis.comparisons import Comparison, validate_comparisons
 from attnbench.core import inputs as inputs_kinds
+from attnbench.core import lengths as lengths_axis
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
@@ -57,6 +58,8 @@ JOINT_AXES = ("heads_q", "heads_kv")
 # The axes an inputs kind other than randn limits (captured heads and length, a rank).
 INPUTS_SHAPE_AXES = ("inputs", "heads_q", "heads_kv", "seq_len", "seq_q", "seq_k", "head_dim",
                      "head_dim_v")
+# The axes a packed batch (lengths) limits: self-attention, a none or causal mask.
+LENGTHS_SHAPE_AXES = ("lengths", "seq_len", "seq_q", "seq_k", "mask")
 # Load checks every combination of the axes that can make a case invalid (those above, those
 # derived values read, those excludes name) when there are at most this many; beyond it the
 # remaining combinations are checked as the sweep expands (still before anything runs).
@@ -112,6 +115,8 @@ class Sweep:
                                       for k in rule}
         if any(v != "randn" for v in self.axes.get("inputs", ["randn"])):
             relevant |= set(INPUTS_SHAPE_AXES)  # what an inputs kind's shape limits read
+        if any(self.axes.get("lengths", [""])):
+            relevant |= set(LENGTHS_SHAPE_AXES)  # a packed batch's shape and mask limits
         for expression in self.derive.values():
             relevant |= expression.names
         if "seq_len" in relevant:
@@ -317,6 +322,14 @@ class _Validator:
         if key == "inputs":
             try:
                 return str(inputs_kinds.parse(str(v)))
+            except ValueError as exc:
+                self.fail(key, v, str(exc))
+        if key == "lengths":
+            if not isinstance(v, str):
+                self.fail(key, v, f"must be a string; allowed: {lengths_axis.FORMS} or \"\" "
+                                  f"(a dense batch)")
+            try:
+                return str(lengths_axis.parse(v)) if v else v
             except ValueError as exc:
                 self.fail(key, v, str(exc))
         if key == "mode":
