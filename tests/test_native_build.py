@@ -262,3 +262,41 @@ def test_no_kill_leaves_our_own_flock_held(tmp_path, ext_dir):
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait(timeout=RESTART_S)
     assert nb.load(spec, builder=python_builder([]))[0].VALUE == 42
+
+
+def test_a_run_builds_its_kernels_before_its_first_pair(tmp_path, write_suite, monkeypatch,
+                                                        capsys):
+    """A build inside a pair's worker ran under that pair's bounds: a run builds first, and
+    a kernel that did not build is named once, its backends then running eager."""
+    from attnbench.core.registry import all_backends
+    from attnbench.measure import worker
+    from attnbench.runs.record_files import read_records
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
+
+    events = []
+
+    def prepare(names, retry=False, say=print):
+        events.append(("build", list(names)))
+        return {"linear_attention": "linear_attention.cpp did not build: boom"}
+
+    real = worker.InProcessExecutor.run_group
+    monkeypatch.delenv(_native.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(_native, "prepare", prepare)
+    monkeypatch.setattr(worker.InProcessExecutor, "run_group", lambda self, jobs, *a, **k: (
+        events.append(("pair", jobs[0][1])), real(self, jobs, *a, **k))[1])
+    monkeypatch.setattr(_native, "_loaded", {("linear_attention/" + str(_native.isa())): (
+        None, "linear_attention.cpp did not build: boom")})
+    path = write_suite('name = "k"\nbackends = ["linear", "naive"]\n[timing]\nwarmup_s = 0.0\n'
+                       "budget_s = 0.002\nmin_reps = 1\nmax_reps = 2\n"
+                       "[axes]\nheads_q = 1\nhead_dim = 16\nseq_len = 16\n")
+    suite = load_suite(str(path), sorted(all_backends()))
+    run = run_suite(suite, "cpu", RunOptions(out=tmp_path, run_id="r", progress=False,
+                                             isolate=False, measure_ceilings=False))
+    assert events[0] == ("build", ["linear_attention"]) and events[1][0] == "pair"
+    assert ("native kernel linear_attention not used: linear_attention.cpp did not build: "
+            "boom; its backends run their eager path") in capsys.readouterr().err
+    linear = next(r for r in read_records(run) if r["backend"] == "linear")
+    assert linear["status"] == "ok", linear["reason"]
+    assert "(fused kernel unavailable: linear_attention.cpp did not build: boom)" in \
+        linear["kernel"]
