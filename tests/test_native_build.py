@@ -300,3 +300,24 @@ def test_a_run_builds_its_kernels_before_its_first_pair(tmp_path, write_suite, m
     assert linear["status"] == "ok", linear["reason"]
     assert "(fused kernel unavailable: linear_attention.cpp did not build: boom)" in \
         linear["kernel"]
+
+
+def test_attnbench_build_builds_again_and_says_how_each_kernel_went(ext_dir, monkeypatch,
+                                                                    capsys):
+    from attnbench.cli import main
+
+    asked = []
+
+    def prepare(names, retry=False, say=print):
+        asked.append((list(names), retry))
+        return {"linear_attention": "linear_attention.cpp did not build: boom"}
+
+    monkeypatch.setattr(_native, "prepare", prepare)
+    monkeypatch.setattr(_native, "_why_not", lambda: "")
+    monkeypatch.setenv(_native.ISA_ENV, "avx2")
+    assert main(["build"]) == 1
+    assert asked == [(list(_native.KERNELS), True)]  # failures included: a retry
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"segment_attention: built in "
+                   f"{nb.folder(_native.spec('segment_attention'))}",
+                   "linear_attention: linear_attention.cpp did not build: boom"]

@@ -29,6 +29,8 @@ from attnbench.measure.claim_rounds import FINAL_STOPS, ClaimRounds
 from attnbench.measure.memory import peak_memory_bytes
 from attnbench.measure.timing import Timing, TimingBudget, measure_interleaved
 
+SETUP, TIMED = "setup", "timed"  # the phases a worker's heartbeat announces
+
 
 def one_line(exc: BaseException, limit: int = 300, prefix: str = "") -> str:
     text = str(exc).strip().splitlines()
@@ -303,7 +305,7 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
     for i, (case, backend) in enumerate(jobs):
         opened.append(_open(case, backend, cache, check=not repeat,
                             determinism=budget.check_determinism))
-        progress("setup" if i + 1 < len(jobs) else "timed")
+        progress(SETUP if i + 1 < len(jobs) else TIMED)
     timed = [c for c in opened if isinstance(c, Candidate)]
     if timed:
         device = timed[0].record.case.device
@@ -319,11 +321,11 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
                 timed, timings = [], []
             else:
                 timings = None
-        progress("timed")
+        progress(TIMED)
         if timings is None:
             for cand in timed:
                 cand.record.update(**_time_alone(cand, budget, drift))
-                progress("timed")
+                progress(TIMED)
         else:
             pair = group_id(jobs) if len(timed) > 1 else None
             for cand, timing in zip(timed, timings):
@@ -340,7 +342,7 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
         for cand in [] if repeat or not profile_dir else timed:
             if cand.record.status == "ok":
                 _profile(cand, profile_dir)
-                progress("timed")
+                progress(TIMED)
     if jobs and torch.device(jobs[0][0].device).type == "cuda":
         torch.cuda.empty_cache()
     return [c.record if isinstance(c, Candidate) else c for c in opened]

@@ -28,14 +28,19 @@ from attnbench.core.case import Case
 from attnbench.core.record import Record
 from attnbench.measure.ceilings import measure_ceilings
 from attnbench.measure.claim_rounds import ClaimRounds
-from attnbench.measure.execute import CaseCache, claim_settled, execute_group, merge_repeats
+from attnbench.measure.execute import (
+    SETUP,
+    CaseCache,
+    claim_settled,
+    execute_group,
+    merge_repeats,
+)
 from attnbench.measure.memory import configure_allocator, settle_garbage
 from attnbench.measure.probe import DriftProbe
 from attnbench.measure.timing import TimingBudget
 
 Job = tuple[Case, str]
 CEILINGS_TIMEOUT_S = 600
-SETUP, TIMED = "setup", "timed"  # the phases a heartbeat announces
 
 
 class Probes:
