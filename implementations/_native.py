@@ -17,18 +17,21 @@ runs the AVX2 kernels on an AVX-512 host, to compare the two. The tiles are the 
 at either width (``simd_tiles.h``); a record's ``kernel`` ends with the one that ran.
 
 The build lands in torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
-~/.cache/torch_extensions) and is rebuilt only when a source changes.
+~/.cache/torch_extensions), in a folder named by a hash of its sources and flags, under a
+lock no dead process can hold (``_native_build.py``). A run builds what its pairs need
+before the first pair (``prepare``); ``attnbench build`` builds again, failures included.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import threading
 from pathlib import Path
 
 import torch
+
+from attnbench.implementations import _native_build
 
 SOURCES = Path(__file__).with_name("native")
 DISABLE_ENV = "ATTNBENCH_NATIVE"
@@ -37,15 +40,17 @@ ISA_ENV = "ATTNBENCH_NATIVE_ISA"
 # the CPU_CAPABILITY macro, as in torch's own per-ISA kernel builds; an AVX-512 host gets
 # the AVX-512 build, since the AVX2 one leaves half of each vector unit idle.
 CFLAGS = {
-    "avx2": ["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
-    "avx512": ["-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "avx2": ("-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"),
+    "avx512": ("-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"),
 }
 # The kernels' one parallel region a call is ATen's (native/cpu_pieces.h). Where ATen's
 # backend is OpenMP its parallel_for is a header template that needs -fopenmp to fork
 # (without, it runs serially); the extension then needs libgomp.so.1, which resolves to the
 # copy torch has loaded already, so both share one OpenMP runtime and its thread count.
-OPENMP = ["-fopenmp"] if "parallel backend: OpenMP" in torch.__config__.parallel_info() else []
+OPENMP = ("-fopenmp",) if "parallel backend: OpenMP" in torch.__config__.parallel_info() else ()
+KERNELS = ("segment_attention", "linear_attention")
+FIRST_BUILD = "building native kernels (first use, about a minute)"
 # torch's CPU capability (which ATEN_CPU_CAPABILITY can lower) -> the widest build it runs
 HOST_ISA = {"AVX2": "avx2", "AVX512": "avx512"}
 
@@ -111,36 +116,53 @@ def sources(name: str) -> tuple[Path, ...]:
     return (SOURCES / f"{name}.cpp", *sorted(SOURCES.glob("*.h")))
 
 
-def load(name: str):
-    """(module, "") for ``native/<name>.cpp``, or (None, reason) when it cannot be used."""
+def spec(name: str, target: str | None = None) -> _native_build.Spec:
+    """How kernel ``name`` is built for instruction set ``target`` (default: ``isa()``)."""
+    target = target or isa()
+    return _native_build.Spec(name, target, sources=(SOURCES / f"{name}.cpp",),
+                              headers=tuple(sorted(SOURCES.glob("*.h"))),
+                              cflags=(*CFLAGS[target], *OPENMP), ldflags=OPENMP,
+                              include_paths=(str(SOURCES),))
+
+
+def load(name: str, retry: bool = False):
+    """(module, "") for ``native/<name>.cpp``, or (None, reason) when it cannot be used.
+    ``retry``: build again even where a build finished or failed before."""
     key = f"{name}/{isa()}"
     with _lock:
-        if key not in _loaded:
-            _loaded[key] = _build(name)
+        if retry or key not in _loaded:
+            _loaded[key] = _build(name, retry)
         return _loaded[key]
 
 
-def _build(name: str):
+def pending(name: str) -> bool:
+    """Whether loading kernel ``name`` would compile it (no finished or failed build)."""
+    if _why_not():
+        return False
+    built = spec(name)
+    return _native_build.failed_reason(built) is None and \
+        _native_build.built_library(built) is None
+
+
+def prepare(names, retry: bool = False, say=_native_build.say) -> dict[str, str]:
+    """Build kernels ``names`` now (before any pair is timed): {name: why it cannot be
+    used} for those that did not build; with one line first where anything compiles."""
+    names = list(dict.fromkeys(names))
+    if retry or any(pending(n) for n in names):
+        say(FIRST_BUILD)
+    problems = {}
+    for name in names:
+        _, reason = load(name, retry=retry)
+        if reason:
+            problems[name] = reason
+    return problems
+
+
+def _build(name: str, retry: bool = False):
     reason = _why_not()
     if reason:
         return None, reason
-    target = isa()
-    from torch.utils.cpp_extension import load as build
-
-    # torch rebuilds when a source or a flag changes, not a header: the headers' hash is a flag
-    headers = hashlib.sha256(b"".join(h.read_bytes() for h in sorted(SOURCES.glob("*.h"))))
-    try:
-        module = build(name=f"attnbench_{name}_{target}",
-                       sources=[str(SOURCES / f"{name}.cpp")],
-                       extra_cflags=[*CFLAGS[target], *OPENMP,
-                                     f"-DATTNBENCH_HEADERS={headers.hexdigest()[:16]}"],
-                       extra_ldflags=OPENMP, extra_include_paths=[str(SOURCES)],
-                       verbose=False)
-    except Exception as exc:  # a failed build is a reason to run eager, not a crash
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        first = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "")
-        return None, f"native/{name}.cpp did not build: {first or exc!r}"
-    return module, ""
+    return _native_build.load(spec(name), retry=retry)
 
 
 def records_grad(*tensors: torch.Tensor) -> bool:

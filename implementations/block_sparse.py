@@ -394,6 +394,7 @@ class BlockSparse(Backend):
                    "(gathered per query block, bucketed by row length); exact for "
                    "block_sparse masks, an approximation on dense cases")
     code_files = _native.sources(segments.KERNEL)
+    native_kernels = (segments.KERNEL,)  # a run builds these before its first pair
     caps = Capabilities(masks=("none", "block_sparse"),
                         knobs=("block_size", "block_band", "block_global", "block_random",
                                "block_pairs", "block_stride", "block_layout_name"))

@@ -428,6 +428,7 @@ class Linear(Backend):
                     "attnbench.implementations._linear_features",
                     "attnbench.implementations._linear_grad")
     code_files = _native.sources(_linear_fused.KERNEL)
+    native_kernels = (_linear_fused.KERNEL,)  # a run builds these before its first pair
     caps = Capabilities(masks=("none", "causal"), knobs=("feature_map", "num_features"))
     semantics = APPROXIMATE
 

@@ -461,6 +461,7 @@ class SlidingWindow(Backend):
                    "key span via unfold views; O(N * window) time and memory")
     code_modules = ("attnbench.implementations._segment_attention",)
     code_files = _native.sources(segments.KERNEL)
+    native_kernels = (segments.KERNEL,)  # a run builds these before its first pair
     caps = Capabilities(masks=("window",))
 
     def extra_reasons(self, case):

@@ -52,3 +52,22 @@ def fake_clock(fake_backends, monkeypatch):
     monkeypatch.setattr(fb.Drift, "t0", fb.Drift.t0)
     monkeypatch.setenv("ATTNBENCH_FAKE_CLOCK", "1")
     return fb.FakeClock().install()
+
+
+@pytest.fixture(scope="session")
+def native_kernels():
+    """The native CPU kernels, built once for the session (under the build's own lock, so
+    xdist workers build each kernel once between them): {kernel: (module or None, reason)}."""
+    from attnbench.implementations import _native
+
+    _native.prepare(_native.KERNELS)
+    return {name: _native.load(name) for name in _native.KERNELS}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of modules that call the native kernels (they import kernel_paths's
+    ``needs_native``) get them built first, outside any test's own time."""
+    for item in items:
+        if (hasattr(getattr(item, "module", None), "needs_native")
+                and "native_kernels" not in item.fixturenames):
+            item.fixturenames.append("native_kernels")  # set up like a requested fixture

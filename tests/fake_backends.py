@@ -63,10 +63,40 @@ class Crashes(Fake):
 
 
 class Hangs(Fake):
+    """Hangs in its timed calls: the first call (the checked one, in setup) returns."""
+
     name = "fake_hang"
 
     def build(self, case, inputs):
+        exact, calls = _exact(case), []
+
+        def f(q, k, v):
+            calls.append(1)
+            if len(calls) > 1:
+                time.sleep(3600)
+            return exact(q, k, v)
+
+        return f
+
+
+class HangsInSetup(Fake):
+    """Its prepare never ends: setup, not the timed work, runs past its bound."""
+
+    name = "fake_setup_hang"
+
+    def build(self, case, inputs):
         time.sleep(3600)
+
+
+class SlowSetup(Fake):
+    """Exact attention after a prepare of FAKE_SETUP_S seconds (default 5): a setup longer
+    than the timed work's bound, which must not count against it."""
+
+    name = "fake_slow_setup"
+
+    def build(self, case, inputs):
+        time.sleep(float(os.environ.get("FAKE_SETUP_S", "5")))
+        return _exact(case)
 
 
 class Nan(Fake):
@@ -381,4 +411,4 @@ class SetExtras(Fake):
 BACKENDS = [Sleeps(), Logged(), KillsItsRank(), LosesContext(), Jitters(), OomAbove(), Raises(),
             Crashes(), Hangs(), Nan(), SlightlyWrong(), Missing(), Refuses(), DriftingSlow(),
             DriftingFast(), Aborts(), WrongShape(), Chatty(), ChangesState(), ChecksState(), Hog(),
-            AddsABatch(), DoublesTheBatch(), SetExtras()]
+            AddsABatch(), DoublesTheBatch(), SetExtras(), HangsInSetup(), SlowSetup()]

@@ -15,7 +15,7 @@ name = "statuses"
 warmup_s = 0.001
 budget_s = 0.005
 min_reps = 2
-timeout_s = 8
+timeout_s = 20
 [defaults]
 heads_q = 2
 head_dim = 8
@@ -108,7 +108,7 @@ def test_every_status_is_reachable(status_run):
     assert "mask causal not supported" in by[("fake_oom", 16, "causal")]["reason"]
     assert "library refused" in by[("fake_refuses", 16, "none")]["reason"]
     assert "SIGSEGV" in by[("fake_crash", 16, "none")]["reason"]
-    assert "8 s" in by[("fake_hang", 16, "none")]["reason"]
+    assert "20 s limit (timeout_s)" in by[("fake_hang", 16, "none")]["reason"]
     # the sweep went on after the crash and the hang: later cases still ran
     assert by[("naive", 128, "none")]["status"] == "ok"
 

@@ -1,5 +1,5 @@
-"""Command line: ``attnbench run | profile | model | list | env | report | publish | recommend |
-compare | merge``.
+"""Command line: ``attnbench run | profile | model | list | env | build | report | publish |
+recommend | compare | merge``.
 
 Each command is a module of ``attnbench.commands`` with its parser and handler; this file
 only assembles the parser and dispatches. Exit codes: 0 done; 1 the run finished but a
@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from attnbench.commands import (
+    build,
     compare,
     env,
     merge,
@@ -27,7 +28,8 @@ from attnbench.commands import list as list_command
 from attnbench.core.errors import BadInput, PeerLost, line
 
 # In the order ``attnbench --help`` lists them.
-COMMANDS = (run, profile, model, list_command, env, report, publish, recommend, compare, merge)
+COMMANDS = (run, profile, model, list_command, env, build, report, publish, recommend, compare,
+            merge)
 
 
 def build_parser() -> argparse.ArgumentParser:

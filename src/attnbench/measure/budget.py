@@ -32,6 +32,10 @@ class TimingBudget:
     slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
     check_determinism: bool = False  # run the checked call twice, record bit-identity
     method: str = "events"  # one of TIMING_METHODS
+    # The bound on a pair's setup (worker start, inputs, reference, prepare, compile), apart
+    # from the suite's timeout_s, which bounds the timed work alone: a slow setup on a loaded
+    # machine is not a slow kernel.
+    setup_timeout_s: float = 600.0
 
     def per_process(self) -> TimingBudget:
         """The share of the budget one of ``processes`` processes spends."""

@@ -31,6 +31,8 @@ from attnbench.measure.timing import Timing, TimingBudget, measure_interleaved
 from attnbench.measure.timing_methods import Copies, input_copy
 from attnbench.stats import noise
 
+SETUP, TIMED = "setup", "timed"  # the phases a worker's heartbeat announces
+
 
 def one_line(exc: BaseException, limit: int = 300, prefix: str = "") -> str:
     text = str(exc).strip().splitlines()
@@ -293,13 +295,14 @@ def _profile(cand: Candidate, run_dir: str) -> None:
 
 
 def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: CaseCache,
-                  drift: probe.DriftProbe | None = None, progress=lambda: None,
+                  drift: probe.DriftProbe | None = None, progress=lambda phase: None,
                   repeat: bool = False, profile_dir: str | None = None,
                   claim: ClaimRounds | None = None, prior: list[list[float]] | None = None,
                   until: int | None = None) -> list[Record]:
     """Records for jobs timed together; sample i of every ok record comes from round i.
-    ``progress()`` is called after each job's setup and after timing (a heartbeat: the
-    isolated worker's parent restarts its per-job timeout on each). ``repeat``: timing only
+    ``progress(phase)`` is called after each job's setup and after timing, with the phase
+    that follows ("setup" while jobs are still being set up, then "timed"): a heartbeat, on
+    which the isolated worker's parent restarts that phase's bound. ``repeat``: timing only
     (no float64 check, no memory), for pooling with the first process's records.
     ``profile_dir`` (the run directory): each ok record is profiled after all measuring.
     ``claim``: the group holds a sequential claim's sides; its rounds go on until the claim
@@ -307,10 +310,10 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
     earlier processes' rounds (``prior``: their samples, one list per job)."""
     cache.keep_only([c for c, _ in jobs])
     opened = []
-    for case, backend in jobs:
+    for i, (case, backend) in enumerate(jobs):
         opened.append(_open(case, backend, cache, check=not repeat,
                             determinism=budget.check_determinism))
-        progress()
+        progress(SETUP if i + 1 < len(jobs) else TIMED)
     timed = [c for c in opened if isinstance(c, Candidate)]
     if timed:
         device = timed[0].record.case.device
@@ -327,11 +330,11 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
                 timed, timings = [], []
             else:
                 timings = None
-        progress()
+        progress(TIMED)
         if timings is None:
             for cand in timed:
                 cand.record.update(**_time_alone(cand, budget, drift))
-                progress()
+                progress(TIMED)
         else:
             pair = group_id(jobs) if len(timed) > 1 else None
             for cand, timing in zip(timed, timings):
@@ -348,7 +351,7 @@ def execute_group(jobs: list[tuple[Case, str]], budget: TimingBudget, cache: Cas
         for cand in [] if repeat or not profile_dir else timed:
             if cand.record.status == "ok":
                 _profile(cand, profile_dir)
-                progress()
+                progress(TIMED)
     if jobs and torch.device(jobs[0][0].device).type == "cuda":
         torch.cuda.empty_cache()
     return [c.record if isinstance(c, Candidate) else c for c in opened]

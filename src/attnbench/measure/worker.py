@@ -1,11 +1,14 @@
 """Isolation: jobs run in a child process, so a crash or a hang costs one record, not the run.
 
 The parent sends a job group (the (case, backend) pairs timed together) over a pipe and
-waits up to the suite's per-job timeout for each heartbeat (one per job set up, one after
-the group's timing) and then the records. A child that
-dies yields ``crashed`` (with its exit code or signal); one that does not answer in time is
-killed and yields ``timeout``. Either way a fresh child takes the next job; a group that
-crashed or hung is rerun one job at a time, so only the guilty job's record says so.
+waits for each heartbeat (one per job set up, one after the group's timing) and then the
+records. Each heartbeat names the phase the worker enters, and the wait is that phase's
+bound: ``timing.setup_timeout_s`` for setup (the worker's start, inputs, reference,
+prepare, compile), the suite's ``timeout_s`` for the timed work. A child that dies yields
+``crashed`` (with its exit code or signal); one that does not answer in time is killed and
+yields ``timeout``, whose reason names the bound that ran out. Either way a fresh child
+takes the next job; a group that crashed or hung is rerun one job at a time, so only the
+guilty job's record says so.
 """
 
 from __future__ import annotations
@@ -25,14 +28,19 @@ from attnbench.core.case import Case
 from attnbench.core.record import Record
 from attnbench.measure.ceilings import measure_ceilings
 from attnbench.measure.claim_rounds import ClaimRounds
-from attnbench.measure.execute import CaseCache, claim_settled, execute_group, merge_repeats
+from attnbench.measure.execute import (
+    SETUP,
+    CaseCache,
+    claim_settled,
+    execute_group,
+    merge_repeats,
+)
 from attnbench.measure.memory import configure_allocator, settle_garbage
 from attnbench.measure.probe import DriftProbe
 from attnbench.measure.timing import TimingBudget
 
 Job = tuple[Case, str]
 CEILINGS_TIMEOUT_S = 600
-STARTUP_TIMEOUT_S = 300  # a fresh worker importing torch on a loaded machine
 
 
 class Probes:
@@ -137,6 +145,8 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
     state = GlobalState()
     cache = CaseCache()
     probes = Probes()
+    with contextlib.suppress(ImportError):  # the timing's intervals need it: load it now,
+        import scipy.stats  # noqa: F401  (in the worker's start, not in a pair's timing)
     conn.send(("ready", None))  # start-up (importing torch) is not a pair's time
     while True:
         try:
@@ -151,9 +161,9 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
             conn.send(ceilings)
             continue
         _, jobs, budget, repeat, claim, prior, until = msg
-        def progress():  # after each job's setup and after timing
+        def progress(phase: str):  # after each job's setup and after timing
             state.restore()
-            conn.send(("progress", None))
+            conn.send(("progress", phase))
 
         records = execute_group(jobs, budget, cache, probes.for_jobs(jobs), progress=progress,
                                 repeat=repeat, profile_dir=profile_dir, claim=claim,
@@ -215,6 +225,12 @@ class InProcessExecutor:
         pass
 
 
+def setup_ran_out(what: str, limit_s: float) -> str:
+    """A ``timeout`` record's reason when setup, not the timed work, took too long."""
+    return (f"setup ({what}) took longer than its {limit_s:g} s limit "
+            f"(timing.setup_timeout_s); worker killed")
+
+
 class IsolatedExecutor:
     def __init__(self, threads: int | None = None, config: WorkerConfig | None = None):
         self.config = config or WorkerConfig(threads)
@@ -223,7 +239,9 @@ class IsolatedExecutor:
         self.conn = None
         self.log_offset = 0
 
-    def _start(self) -> None:
+    def _start(self, limit_s: float) -> bool:
+        """A fresh worker; False (and none) when it did not report ready within
+        ``limit_s``."""
         parent, child = self.ctx.Pipe()
         log = self.config.log_path
         self.log_offset = os.path.getsize(log) if log and os.path.exists(log) else 0
@@ -233,10 +251,13 @@ class IsolatedExecutor:
         child.close()
         self.conn = parent
         try:  # a pair's timeout starts once the worker is up, however loaded the machine
-            if self.conn.poll(STARTUP_TIMEOUT_S):
+            if self.conn.poll(limit_s):
                 self.conn.recv()  # ("ready", None)
+                return True
         except (EOFError, ConnectionResetError):
-            pass  # it died starting: the first send or receive says so
+            return True  # it died starting: the first send or receive says so
+        self._stop(kill=True)
+        return False
 
     def last_output(self, lines: int = 3) -> str:
         """The last lines the current worker wrote (its log since it started)."""
@@ -261,8 +282,10 @@ class IsolatedExecutor:
 
     def ceilings(self, dtypes: list[str], device: str) -> dict:
         """The device ceilings, measured in the worker: the process that measures records."""
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
+        if (self.proc is None or not self.proc.is_alive()) and \
+                not self._start(CEILINGS_TIMEOUT_S):
+            return {"error": f"ceilings not measured: the worker did not start within "
+                             f"{CEILINGS_TIMEOUT_S} s"}
         try:
             self.conn.send(("ceilings", dtypes, device))
             if self.conn.poll(CEILINGS_TIMEOUT_S):
@@ -328,18 +351,26 @@ class IsolatedExecutor:
     def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False,
                     claim: ClaimRounds | None = None, prior=None, until=None):
         self._trim_log()
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
+        if (self.proc is None or not self.proc.is_alive()) and \
+                not self._start(budget.setup_timeout_s):
+            return "timeout", setup_ran_out("the worker's start", budget.setup_timeout_s)
         try:
             self.conn.send(("group", jobs, budget, repeat, claim, prior, until))
-            while self.conn.poll(timeout_s):  # each heartbeat restarts the per-job limit
+            phase = SETUP
+            # each heartbeat restarts the limit, the bound of the phase it announces
+            while self.conn.poll(budget.setup_timeout_s if phase == SETUP else timeout_s):
                 kind, payload = self.conn.recv()
                 if kind == "done":
                     if any(rec.info.get("context_lost") for rec in payload):
                         self._stop()  # the worker has ended; the next group gets a new one
                     return "done", payload
+                phase = payload
             self._stop(kill=True)
-            return "timeout", f"no result within the {timeout_s:g} s limit; worker killed"
+            if phase == SETUP:
+                return "timeout", setup_ran_out("inputs, reference, prepare and compile",
+                                                budget.setup_timeout_s)
+            return "timeout", (f"the timed work gave no result within the {timeout_s:g} s "
+                               f"limit (timeout_s); worker killed")
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass  # the worker died; its pipe closed before it answered
         self.proc.join(timeout=30)

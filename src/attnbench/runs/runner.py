@@ -167,6 +167,7 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
                or (shard is not None and not shard.lead), dynamic_ncols=True)
     try:  # (bar iterated by group in run_jobs, updated per record)
         save_meta()  # first: a run killed from here on can resume
+        build_native_kernels(todo, lambda text: bar.write(text, file=sys.stderr))
         if options.measure_ceilings and "matmul_tflops" not in (meta.get("ceilings") or {}):
             # (again on resume when an earlier attempt lost its worker)
             dtypes = sorted({c.dtype for c, _ in jobs})
@@ -198,6 +199,35 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
             if rows:
                 record_files.write_csv(run_dir)
     return run_dir
+
+
+def native_kernels_for(jobs) -> list[str]:
+    """The native CPU kernels ``jobs`` may call: their backends' ``native_kernels``, for
+    the fp32 CPU cases the kernels run."""
+    from attnbench.core.registry import get_backend
+
+    kernels: dict[str, None] = {}
+    for backend in sorted({b for c, b in jobs if torch.device(c.device).type == "cpu"
+                           and c.dtype == "float32"}):
+        try:
+            names = getattr(get_backend(backend), "native_kernels", ())
+        except KeyError:  # an unknown name gets its own record
+            continue
+        kernels.update(dict.fromkeys(names))
+    return list(kernels)
+
+
+def build_native_kernels(jobs, say) -> None:
+    """Compile the kernels ``jobs`` need now, before the first pair: a build is never
+    inside a pair's bounds, and one that fails leaves its backends on their eager path."""
+    kernels = native_kernels_for(jobs)
+    if not kernels:
+        return
+    from attnbench.implementations import _native
+
+    for name, reason in _native.prepare(kernels, say=say).items():
+        if not _native.disabled():
+            say(f"native kernel {name} not used: {reason}; its backends run their eager path")
 
 
 # CPU capabilities (torch.backends.cpu.get_cpu_capability) whose ATen kernels have no

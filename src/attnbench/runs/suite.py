@@ -39,9 +39,11 @@ DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it run
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "unsteady_rel": float, "processes": int, "slow_dtype_factor": float,
-               "rewarm_s": float, "method": str}
+               "rewarm_s": float, "method": str,
+               "setup_timeout_s": float}
 # Upper bounds: beyond them a value is a typo, not a plan (a week, a million samples).
 TIMING_MAX = {"warmup_s": 3600.0, "rewarm_s": 60.0, "budget_s": 86400.0, "timeout_s": 604800.0,
+              "setup_timeout_s": 604800.0,
               "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
               "noise_threshold": 100.0, "unsteady_rel": 100.0, "processes": 100}
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
