@@ -21,7 +21,7 @@ from attnbench.core import inputs as inputs_kinds
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
-from attnbench.core.masks import MASK_KINDS, MaskSpec
+from attnbench.core.masks import INT64_MAX, MASK_KINDS, MaskSpec
 from attnbench.measure.budget import TimingBudget
 from attnbench.runs import arith
 
@@ -121,6 +121,22 @@ class Sweep:
             return None
         return dataclasses.replace(self, axes=axes)
 
+    def bounds_problem(self) -> tuple[str, object, str] | None:
+        """(axis, value, problem) for a block longer than every sequence length the sweep
+        gives, read from its axes (nothing expanded); None when none is, or the lengths or
+        the block are derived (their values are known only point by point)."""
+        if "block_size" not in self.axes or "block_size" in self.derive or any(
+                a in self.derive for a in SEQ_AXES):
+            return None
+        lengths = [n for a in SEQ_AXES for n in self.axes.get(a, [])] or [Case.seq_q,
+                                                                          Case.seq_k]
+        longest = max(lengths)
+        for block in self.axes["block_size"]:
+            if block > longest:
+                return ("block_size", block, f"longer than every sequence length (the longest "
+                                             f"is {longest}); allowed: at most {longest}")
+        return None
+
     def pair_bounds(self) -> tuple[int, int]:
         """(at least, at most) how many (case, backend) pairs this sweep gives on one device,
         from the lengths of its axes alone: nothing is expanded. An exclude rule removes at
@@ -157,6 +173,10 @@ def _derived_value(axis: str, expression: arith.Expression, point: dict) -> int:
         value = expression(env)
     except arith.ArithError as exc:
         raise ValueError(f"derive.{axis} = {expression.text!r}: {exc}") from None
+    if abs(value) > INT64_MAX:
+        at = ", ".join(f"{n}={env[n]}" for n in sorted(expression.names))
+        raise ValueError(f"derive.{axis} = {expression.text!r} gives {value} at {at}; "
+                         f"{axis} must be at most {INT64_MAX} (int64)")
     floor = 1 if axis in POSITIVE_AXES else 0 if axis in NON_NEGATIVE_AXES else None
     if floor is not None and value < floor:  # checked like a value written in the suite
         at = ", ".join(f"{n}={env[n]}" for n in sorted(expression.names))
@@ -303,6 +323,8 @@ class _Validator:
                 self.fail(key, v, "must be a positive integer")
             if key in NON_NEGATIVE_AXES and v < 0:
                 self.fail(key, v, "must be >= 0")
+            if abs(v) > INT64_MAX:
+                self.fail(key, v, f"beyond int64; allowed: at most {INT64_MAX}")
             return v
         if key == "dtype":
             try:
@@ -313,7 +335,8 @@ class _Validator:
             try:
                 return str(MaskSpec.parse(str(v)))
             except ValueError as exc:
-                self.fail(key, v, f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
+                self.fail(key, v, str(exc) if "allowed" in str(exc) else
+                          f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
         if key == "inputs":
             try:
                 return str(inputs_kinds.parse(str(v)))
@@ -339,6 +362,8 @@ class _Validator:
                     isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
                     for p in v):
                 self.fail(key, v, "must be a list of [query_block, key_block] integer pairs")
+            if any(abs(x) > INT64_MAX for p in v for x in p):
+                self.fail(key, v, f"a block index beyond int64; allowed: at most {INT64_MAX}")
             return tuple(tuple(p) for p in v)
         if not isinstance(v, str):
             self.fail(key, v, "must be a string")
@@ -487,6 +512,9 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
         if not isinstance(sweep_name, str) or not sweep_name:
             v.fail(f"{where}name", sweep_name, "must be a non-empty string")
         sweep = Sweep(sweep_name, backends, axes, excludes, derive, tuple(devices))
+        bad = sweep.bounds_problem()
+        if bad:
+            v.fail(f"{where}axes.{bad[0]}", bad[1], bad[2])
         try:
             checked = sweep.checked_at_load()
             for _ in (checked.iter_cases() if checked else ()):
@@ -564,6 +592,10 @@ def override_axes(suite: Suite, **axes) -> Suite:
                 for k in ("seq_q", "seq_k"):
                     sweep.axes.pop(k, None)
             sweep.axes[key] = checked
+        bad = sweep.bounds_problem()
+        if bad:
+            raise BadInput(f"{suite.path}: sweep {sweep.name!r}: {bad[0]} = {shown(bad[1])} "
+                           f"with the command line's lengths: {bad[2]}")
     return suite
 
 
