@@ -17,6 +17,7 @@ template needs head dims >= 16.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -89,6 +90,7 @@ def mask_mod_for(case, device):
     raise ValueError(f"unknown mask kind {spec.kind!r}")
 
 
+@functools.cache  # a property of the process: a plan asks it of every case
 def _cpu_compile_problem() -> str:
     """Why inductor cannot compile flex for CPU here ('' when it can)."""
     if sys.platform == "darwin":

@@ -172,15 +172,23 @@ class Case:
 
     def layout_named(self, name: str) -> torch.Tensor:
         """Boolean (n_q_blocks, n_k_blocks) layout ``name`` with this case's block knobs."""
-        return block_layouts.make_layout(
-            name, self.seq_q, self.seq_k, self.block_size, band=self.block_band,
-            global_blocks=self.block_global, random_blocks=self.block_random, seed=self.seed,
-            pairs=self.block_pairs, stride=self.block_stride)
+        return block_layouts.make_layout(name, self.seq_q, self.seq_k, self.block_size,
+                                         **self.layout_knobs)
+
+    @property
+    def layout_knobs(self) -> dict:
+        """The block knobs a layout reads, as ``make_layout`` takes them."""
+        return dict(band=self.block_band, global_blocks=self.block_global,
+                    random_blocks=self.block_random, seed=self.seed, pairs=self.block_pairs,
+                    stride=self.block_stride)
 
     @cached_property
     def visible_pairs(self) -> int:
-        return visible_pairs(self.mask_spec, self.seq_q, self.seq_k, self.block_layout,
-                             self.block_size)
+        spec = self.mask_spec
+        if spec.kind == "block_sparse":  # counted from the layout's geometry, not a copy
+            return block_layouts.layout_pairs(spec.layout, self.seq_q, self.seq_k,
+                                              self.block_size, **self.layout_knobs)
+        return visible_pairs(spec, self.seq_q, self.seq_k, None, self.block_size)
 
     @property
     def density(self) -> float:

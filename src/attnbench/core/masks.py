@@ -163,10 +163,6 @@ def visible_pairs(mask: MaskSpec, seq_q: int, seq_k: int, layout: torch.Tensor |
     if mask.is_banded:
         return band_pairs(seq_q, seq_k, mask.left, mask.right)
     if mask.kind == "block_sparse":
-        import torch
-
         assert layout is not None
-        rows = block_layouts.block_extents(seq_q, block_size)  # (nqb,)
-        cols = block_layouts.block_extents(seq_k, block_size)  # (nkb,)
-        return int((layout.to(torch.int64) * rows[:, None] * cols[None, :]).sum())
+        return block_layouts.visible_pairs(layout, seq_q, seq_k, block_size)
     raise ValueError(f"unknown mask kind {mask.kind!r}")

@@ -48,6 +48,8 @@ OPTIONAL_COLUMNS = {
                      "run time) and windows their Q, K, V come from",
     "inputs_token_hash": "captured inputs: sha256 of the text's token ids (the capture cache's "
                          "key)",
+    "layout_density": "block_sparse: share of the case's pairs its block layout holds; 1.0 "
+                      "means every tile, dense attention (its semantics then exact)",
     "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "
                      "num_warps, num_stages) that ran",
     "triton_compiled": "triton_flash: compiled kernel metadata per kernel (registers, spill "

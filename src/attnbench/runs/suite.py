@@ -159,9 +159,15 @@ class Sweep:
             removed += n
         return max(0, high - removed), high
 
-    def backend_excluded(self, case: Case, backend: str) -> bool:
-        point = case.to_dict() | {"backend": backend, "seq_len": case.seq_q}
-        return any(_matches(ex, point) for ex in self.exclude if "backend" in ex)
+    def excluded_backends(self, case: Case) -> set[str]:
+        """The sweep's backends an exclude rule removes from ``case`` (its point made once
+        per case, not per pair)."""
+        rules = [ex for ex in self.exclude if "backend" in ex]
+        if not rules:
+            return set()
+        point = case.to_dict() | {"seq_len": case.seq_q}
+        return {b for b in self.backends
+                if any(_matches(ex, point | {"backend": b}) for ex in rules)}
 
 
 def _derived_value(axis: str, expression: arith.Expression, point: dict) -> int:
@@ -214,9 +220,9 @@ class Suite:
         for sweep in self.sweeps:
             try:
                 for case in sweep.iter_cases():
+                    excluded = sweep.excluded_backends(case)
                     for backend in sweep.backends:
-                        if sweep.backend_excluded(case, backend) or (case.key,
-                                                                     backend) in seen:
+                        if backend in excluded or (case.key, backend) in seen:
                             continue
                         if backend in sweep.supported_only and not _supports(backend, case):
                             continue
