@@ -31,7 +31,7 @@ import torch
 from attnbench.core.backend import DIFFERENT, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.dtypes import element_size
-from attnbench.core.masks import INF, allowed_rows
+from attnbench.core.masks import INF, allowed_rows, band_row_counts
 from attnbench.core.reference import chunk_rows, chunked_reference, masked_softmax
 
 # Bytes per (row, key) pair besides the d_a-wide slice: scores, probabilities and
@@ -98,7 +98,47 @@ def _rows_within(pairs: int, seq_k: int, width: int | None) -> int:
 
 
 def chunk_plan(case, cache_cap: bool = True) -> ChunkPlan:
-    """Query chunks whose working set fits ``case.memory_budget_mb``.
+    """Query chunks whose working set fits ``case.memory_budget_mb`` (``_chunk_plan``)."""
+    return _chunk_plan(*_geometry(case), cache_cap)
+
+
+def one_row_bytes(case) -> int:
+    """``chunk_plan(case).chunk_bytes`` where a chunk is one row (else 0), without listing
+    the chunks: the row that sees the most keys (a plan asks this of every case)."""
+    rows, per_pair = _rows(*_geometry(case), True)
+    if rows > 1:
+        return 0
+    spec = case.mask_spec
+    keys = case.seq_k if not spec.is_banded else int(
+        band_row_counts(case.seq_q, case.seq_k, spec.left, spec.right).max())
+    return keys * per_pair
+
+
+def _geometry(case) -> tuple:
+    return (case.memory_budget_mb, case.dtype, case.batch * case.heads_q, case.additive_hidden,
+            case.seq_q, case.seq_k, case.mask_spec)
+
+
+def _rows(memory_budget_mb: int, dtype: str, bh: int, additive_hidden: int, Nq: int, Nk: int,
+          spec, cache_cap: bool) -> tuple[int, int]:
+    """(query rows per chunk, bytes per visible pair)."""
+    budget = memory_budget_mb * 2**20
+    elem = element_size(dtype)
+    celem = 8 if dtype == "float64" else 4
+    per_pair = bh * (additive_hidden * elem + _PAIR_OVERHEAD_ELEMS * celem)
+    width = None
+    if spec.is_banded and spec.left != INF and spec.right != INF:
+        width = int(spec.left) + int(spec.right)
+    rows = _rows_within(budget // per_pair, Nk, width)
+    if cache_cap:
+        target = CACHE_TARGET_BYTES // (bh * additive_hidden * elem)
+        rows = min(rows, max(1, _rows_within(target, Nk, width)))
+    return max(1, min(Nq, rows)), per_pair
+
+
+def _chunk_plan(memory_budget_mb: int, dtype: str, bh: int, additive_hidden: int, Nq: int,
+                Nk: int, spec, cache_cap: bool) -> ChunkPlan:
+    """Query chunks whose working set fits ``memory_budget_mb``.
 
     A chunk of R rows seeing C keys holds the (B, Hq, R, C, d_a) slice in the input dtype
     plus about 4 per-pair temporaries (scores, probabilities, their gradients) in the
@@ -106,28 +146,15 @@ def chunk_plan(case, cache_cap: bool = True) -> ChunkPlan:
     a band of finite width W (left + right), C <= R + W, which allows taller chunks.
     ``cache_cap`` keeps the slice near CACHE_TARGET_BYTES (a few MiB), which is faster.
     """
-    budget = case.memory_budget_mb * 2**20
-    elem = element_size(case.dtype)
-    celem = 8 if case.dtype == "float64" else 4
-    bh = case.batch * case.heads_q
-    per_pair = bh * (case.additive_hidden * elem + _PAIR_OVERHEAD_ELEMS * celem)
-    Nq, Nk = case.seq_q, case.seq_k
-    spec = case.mask_spec
-    width = None
-    if spec.is_banded and spec.left != INF and spec.right != INF:
-        width = int(spec.left) + int(spec.right)
-    rows = _rows_within(budget // per_pair, Nk, width)
-    if cache_cap:
-        target = CACHE_TARGET_BYTES // (bh * case.additive_hidden * elem)
-        rows = min(rows, max(1, _rows_within(target, Nk, width)))
-    rows = max(1, min(Nq, rows))
+    rows, per_pair = _rows(memory_budget_mb, dtype, bh, additive_hidden, Nq, Nk, spec,
+                           cache_cap)
     chunks, most_pairs = [], 0
     for r0 in range(0, Nq, rows):
         r1 = min(Nq, r0 + rows)
         c0, c1 = key_range(spec, r0, r1, Nq, Nk)
         chunks.append((r0, r1, c0, c1))
         most_pairs = max(most_pairs, (r1 - r0) * max(0, c1 - c0))
-    return ChunkPlan(rows, most_pairs * bh * case.additive_hidden, most_pairs * per_pair,
+    return ChunkPlan(rows, most_pairs * bh * additive_hidden, most_pairs * per_pair,
                      tuple(chunks))
 
 
@@ -245,9 +272,9 @@ class Additive(Backend):
         if case.memory_budget_mb <= 0:
             out.append(f"memory_budget_mb must be positive, got {case.memory_budget_mb}")
         else:
-            plan = chunk_plan(case)
-            if plan.rows == 1 and plan.chunk_bytes > case.memory_budget_mb * 2**20:
-                out.append(f"one query row needs {plan.chunk_bytes / 2**20:.1f} MiB of tanh "
+            need = one_row_bytes(case)
+            if need > case.memory_budget_mb * 2**20:
+                out.append(f"one query row needs {need / 2**20:.1f} MiB of tanh "
                            f"terms, more than memory_budget_mb={case.memory_budget_mb}")
         if case.additive_dim < 0:
             out.append(f"additive_dim must be >= 0 (0 means head_dim), got {case.additive_dim}")

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from attnbench.core import block_layouts
-from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
+from attnbench.core.backend import APPROXIMATE, EXACT, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations import _native
@@ -410,9 +410,18 @@ class BlockSparse(Backend):
                        f"(allowed: {', '.join(block_layouts.LAYOUTS)})")
         return out
 
+    def layout_density(self, case) -> float:
+        """Share of the case's pairs its layout holds; 1.0 when it covers every tile, and
+        then this is dense attention, exact whatever the case's mask."""
+        name = case.mask_spec.layout or case.block_layout_name
+        if name not in block_layouts.LAYOUTS:  # refused by extra_reasons
+            return 0.0
+        return block_layouts.layout_pairs(name, case.seq_q, case.seq_k, case.block_size,
+                                          **case.layout_knobs) / (case.seq_q * case.seq_k)
+
     def approximation(self, case):
-        if case.mask_spec.kind == "block_sparse":
-            return ""  # the case's own block mask: exact
+        if case.mask_spec.kind == "block_sparse" or self.layout_density(case) == 1.0:
+            return ""  # the case's own block mask, or every tile: exact
         return (f"keeps only the {case.block_layout_name!r} layout's {case.block_size}-wide "
                 f"blocks; choose with block_layout_name=")
 
@@ -457,6 +466,10 @@ class BlockSparse(Backend):
         fused = self.fused_plan(case, inputs.q.device, inputs.q.dtype)
         prepared.extras["kernel"] = segments.kernel_name(
             fused, "eager(buckets)", inputs.q.device, inputs.q.dtype, case.needs_grad)
+        density = self.layout_density(case)
+        columns = {"layout_density": density} | ({"semantics": EXACT} if density == 1.0
+                                                  else {})
+        prepared.extras["columns_after_check"] = lambda: columns
         return prepared
 
     def impl_reference(self, case, inputs):

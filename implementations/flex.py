@@ -19,6 +19,7 @@ template needs head dims >= 16.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -109,6 +110,7 @@ def document_mask_mod(case, device):
     return document
 
 
+@functools.cache  # a property of the process: a plan asks it of every case
 def _cpu_compile_problem() -> str:
     """Why inductor cannot compile flex for CPU here ('' when it can)."""
     if sys.platform == "darwin":

@@ -47,7 +47,7 @@ from torch.autograd.function import once_differentiable
 
 from attnbench.core.backend import Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
-from attnbench.core.masks import INF
+from attnbench.core.masks import INF, band_reach
 from attnbench.implementations import _native
 from attnbench.implementations import _segment_attention as segments
 from attnbench.implementations._cpu_threads import split_work
@@ -101,8 +101,8 @@ def window_plan(seq_q: int, seq_k: int, left: float, right: float,
         raise ValueError("sliding_window needs a bounded window")
     # A side of the window wider than the sequence changes nothing: clamp it so the work
     # follows the span that can actually be visible.
-    left = min(int(left), max(seq_k - 1, 0))
-    right = min(int(right), max(seq_q - 1, 0))
+    reach_left, reach_right = band_reach(seq_q, seq_k)
+    left, right = min(int(left), reach_left), min(int(right), reach_right)
     bq = block or _query_block(left, right)
     n_blocks = max(1, math.ceil(seq_q / bq))
     return WindowPlan(seq_q, seq_k, left, right, bq, n_blocks, bq + left + right,

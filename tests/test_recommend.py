@@ -1,6 +1,8 @@
 """``attnbench recommend``: choice, margin and the 'no near shape' path on a synthetic run
 whose records are written through the record/records API."""
 
+from pathlib import Path
+
 import pytest
 
 from attnbench.analysis.recommend import parse_shape, recommend
@@ -144,3 +146,37 @@ def test_backends_after_the_runner_up_carry_their_ratio_interval(tmp_path, capsy
     assert main(["recommend", "--shape", "hq=4,hkv=1,n=2048,d=128,mask=causal", str(d)]) == 0
     then = [line for line in capsys.readouterr().out.splitlines() if "then sdpa_math" in line]
     assert len(then) == 1 and "3x [" in then[0], then  # paired rounds: 3 with its interval
+
+
+FAMILY = Path(__file__).parent / "fixtures" / "recommend-family"  # a family run's causal fwd
+FAVOR = "b1-hq8-hkv8-q4096-k4096-d64-dv64-float32-cpu-causal-fwd-s0-feature_map=favor"
+
+
+def test_nearest_problem_where_an_exact_backend_ran_ok_and_the_skipped_keys(capsys):
+    """At the shape itself two problems were measured: sdpa and linear on the plain case,
+    and linear alone on its FAVOR+ variant (recorded later). The variant is skipped, and
+    named; sdpa answers."""
+    assert main(["recommend", "--shape", "b=1,hq=8,n=4096,d=64,dtype=float32,mask=causal",
+                 str(FAMILY)]) == 0
+    out = capsys.readouterr().out
+    assert "no exact backend passed" not in out
+    assert "measured at the shape itself" in out
+    assert "fastest within tolerance: sdpa  86.6 ms" in out
+    assert f"skipped as near or nearer, no exact backend ran ok there: {FAVOR}" in out
+    answer = recommend(parse_shape("b=1,hq=8,n=4096,d=64,mask=causal"), load_results(FAMILY))
+    (pick,) = answer.picks
+    assert pick.problem["seq_q"] == 4096 and pick.ranked[0]["backend"] == "sdpa"
+    assert [key for _, key in pick.skipped] == [FAVOR]
+
+
+def test_without_any_exact_ok_the_nearest_problem_is_still_shown(tmp_path, capsys):
+    """When no near problem has an exact backend ok, the nearest is reported as before,
+    with nothing skipped."""
+    run = tmp_path / "r"
+    with RecordWriter(run) as w:
+        w.write(_ok(_case(2048), "linear", 2.0, [1.0] * 8, semantics="approximate").to_row()
+                | {"run_id": run.name})
+    write_meta(run, {"run_id": run.name, "suite": "synthetic"})
+    answer = recommend(parse_shape("hq=4,hkv=1,n=2048,d=128,mask=causal"), load_results(run))
+    (pick,) = answer.picks
+    assert pick.ranked == [] and pick.skipped == [] and pick.inexact == ["linear (approximate)"]

@@ -9,10 +9,12 @@ Nearest, defined once here:
 * **length distance**: ``max(|log2(nq / nq')|, |log2(nk / nk')|)``, in octaves: the
   farther of the two sequence lengths, in log space;
 * **near**: a length distance of at most 1 (each length within a factor 2 of the shape's);
-* **nearest**: per device type, the near problem (run, case) with the smallest length
-  distance, then the smallest ``|log2(b*hq / b'*hq')|`` (the parallel work), then the most
-  recent run. Backends are only compared inside one problem: one run, one case, timed in
-  the same rounds where the suite paired them.
+* **nearest**: per device type, among the near problems (run, case) where an exact backend
+  ran ``ok``, the one with the smallest length distance, then the smallest
+  ``|log2(b*hq / b'*hq')|`` (the parallel work), then the most recent run; the nearer
+  problems where none did (e.g. a case keyed by a linear feature map, which only linear
+  ran) are skipped and named. Backends are only compared inside one problem: one run, one
+  case, timed in the same rounds where the suite paired them.
 
 The winner is the fastest ``ok`` record (``ok`` means its error against float64 was within
 the dtype's tolerance) of a backend that computes exact softmax attention; its margin is
@@ -39,6 +41,7 @@ SHAPE_KEYS = {"b": "batch", "hq": "heads_q", "hkv": "heads_kv", "n": "n", "nq": 
               "mask": "mask", "mode": "mode", "device": "device"}
 INT_KEYS = ("b", "hq", "hkv", "n", "nq", "nk", "d", "dv")
 NEAR_OCTAVES = 1.0  # near: each sequence length within a factor 2
+SKIPPED_SHOWN = 5  # skipped problems named one by one; the rest are counted
 EXAMPLE = "b=1,hq=32,hkv=8,n=8192,d=128,dtype=bfloat16,mask=causal"
 _FIELDS = re.compile(r",(?![^()]*\))")  # commas outside parentheses: window(4095,0) is one
 
@@ -166,6 +169,8 @@ class Pick:
     margin: ratios.Difference | None  # runner-up over the winner
     not_ok: list[dict]  # records that are not ok (status, reason)
     inexact: list[str]  # ok records of backends that do not compute exact softmax
+    # nearer problems (run id, case key) passed over: no exact backend ran ok there
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -195,13 +200,22 @@ def recommend(shape: Shape, df: pd.DataFrame) -> Answer:
         answer.nearest_far, answer.far_distance = dict(far), float(far["_dist"])
         return answer
     for device, g in near.groupby("_dev", sort=True):
+        g = g.assign(_exact_ok=(g["status"] == "ok") & g["time_ms_median"].notna()
+                     & (g["_sem"] == EXACT))
         problems = g.groupby(["run_id", "key"], sort=False).agg(
-            _dist=("_dist", "first"), _work=("_work", "first"), _when=("_when", "max"))
+            _dist=("_dist", "first"), _work=("_work", "first"), _when=("_when", "max"),
+            _exact_ok=("_exact_ok", "any"))
         problems = problems.reset_index().sort_values(["_dist", "_work", "_when"],
                                                       ascending=[True, True, False])
-        run_id, key = problems.iloc[0][["run_id", "key"]]
+        answered = problems[problems["_exact_ok"]]
+        # the nearest where an exact backend ran ok; else the nearest, to say what ran there
+        chosen = answered.index[0] if len(answered) else problems.index[0]
+        before = problems.iloc[:problems.index.get_loc(chosen)]
+        run_id, key = problems.loc[chosen, ["run_id", "key"]]
         recs = g[(g["run_id"] == run_id) & (g["key"] == key)]
-        answer.picks.append(_pick(str(device), str(run_id), recs))
+        pick = _pick(str(device), str(run_id), recs)
+        pick.skipped = [(str(r), str(k)) for r, k in zip(before["run_id"], before["key"])]
+        answer.picks.append(pick)
     return answer
 
 
@@ -275,6 +289,11 @@ def _pick_lines(pick: Pick, shape: Shape) -> list[str]:
             f"; b*hq {p['batch'] * p['heads_q']} where the shape has {c.batch * c.heads_q}")
     where = "the shape itself" if same else f"{_problem_text(p)} ({lengths}{work})"
     out = [f"on {pick.device}: run {pick.run_id}, measured at {where}"]
+    if pick.skipped:
+        shown = [f"{k} (run {r})" for r, k in pick.skipped[:SKIPPED_SHOWN]]
+        more = len(pick.skipped) - len(shown)
+        out.append("  skipped as near or nearer, no exact backend ran ok there: "
+                   + ", ".join(shown) + (f" and {more} more" if more > 0 else ""))
     if not pick.ranked:
         out.append("  no exact backend passed its error tolerance here")
     else:

@@ -26,6 +26,7 @@ The diagonal is aligned bottom-right: with ``off = n_k_blocks - n_q_blocks``, qu
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,46 @@ def default_stride(n_k_blocks: int) -> int:
 def make_layout(name: str, seq_q: int, seq_k: int, block_size: int, *, band: int = 1,
                 global_blocks: int = 1, random_blocks: int = 2, seed: int = 0,
                 pairs: tuple[tuple[int, int], ...] = (), stride: int = 0) -> torch.Tensor:
-    """Boolean (n_q_blocks, n_k_blocks) layout; the diagonal is aligned bottom-right."""
+    """Boolean (n_q_blocks, n_k_blocks) layout; the diagonal is aligned bottom-right. Made
+    once per geometry (a plan asks for every case's), a fresh copy each call."""
+    key = _key(name, seq_q, seq_k, block_size, band, global_blocks, random_blocks, seed,
+               pairs, stride)
+    return _cached_layout(*key).clone() if _small(key) else _layout(*key)
+
+
+def layout_pairs(name: str, seq_q: int, seq_k: int, block_size: int, *, band: int = 1,
+                 global_blocks: int = 1, random_blocks: int = 2, seed: int = 0,
+                 pairs: tuple[tuple[int, int], ...] = (), stride: int = 0) -> int:
+    """``visible_pairs`` of that layout, counted once per geometry."""
+    key = _key(name, seq_q, seq_k, block_size, band, global_blocks, random_blocks, seed,
+               pairs, stride)
+    if not _small(key):
+        return visible_pairs(_layout(*key), seq_q, seq_k, block_size)
+    return _cached_pairs(key)
+
+
+def _key(name, seq_q, seq_k, block_size, band, global_blocks, random_blocks, seed, pairs,
+         stride) -> tuple:
+    """Only the knobs the layout reads: cases that differ elsewhere share one layout."""
+    randomized = name == "bigbird"
+    return (name, seq_q, seq_k, block_size,
+            band if name in ("local", "bigbird", "longformer") else 0,
+            global_blocks if name in ("bigbird", "longformer") else 0,
+            random_blocks if randomized else 0, seed if randomized else 0,
+            tuple(map(tuple, pairs)) if name == "explicit" else (),
+            stride if name == "strided" else 0)
+
+
+def _small(key: tuple) -> bool:
+    return num_blocks(key[1], key[3]) * num_blocks(key[2], key[3]) <= CACHED_TILES
+
+
+CACHED_TILES = 2**20  # the cache keeps 64 layouts of at most this many tiles (bytes each)
+
+
+def _layout(name: str, seq_q: int, seq_k: int, block_size: int, band: int,
+            global_blocks: int, random_blocks: int, seed: int,
+            pairs: tuple[tuple[int, int], ...], stride: int) -> torch.Tensor:
     import torch
 
     nqb, nkb = num_blocks(seq_q, block_size), num_blocks(seq_k, block_size)
@@ -121,3 +161,21 @@ def make_layout(name: str, seq_q: int, seq_k: int, block_size: int, *, band: int
                 pick = free[torch.randperm(len(free), generator=gen)[:random_blocks]]
                 layout[row, pick] = True
     return layout
+
+
+_cached_layout = functools.lru_cache(maxsize=64)(_layout)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_pairs(key: tuple) -> int:
+    return visible_pairs(_cached_layout(*key), key[1], key[2], key[3])
+
+
+def visible_pairs(layout: torch.Tensor, seq_q: int, seq_k: int, block_size: int) -> int:
+    """(query, key) pairs the tiles of ``layout`` hold (the last blocks may be short)."""
+    import torch
+
+    rows = block_extents(seq_q, block_size)  # (nqb,)
+    cols = block_extents(seq_k, block_size)  # (nkb,)
+    return int((layout.to(torch.int64) * rows[:, None] * cols[None, :]).sum())
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -17,6 +18,16 @@ if TYPE_CHECKING:  # a case is made, keyed and counted without torch (a suite's 
     import torch  # size check); its tensors (inputs, layout) import it where they are made
 
 MODES = ("fwd", "bwd", "fwd_bwd")
+
+
+@functools.cache
+def _knob_fields(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.CORE_FIELDS)
+
+
+@functools.cache
+def _defaults() -> Case:
+    return Case()
 # FLOPs of a mode as a multiple of the forward pass (FlashAttention's convention).
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 
@@ -90,15 +101,15 @@ class Case:
 
     @classmethod
     def knob_fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.CORE_FIELDS)
+        return _knob_fields(cls)
 
-    @property
+    @cached_property
     def key(self) -> str:
         """Stable string identity, used for resume and for joins across runs."""
         parts = [f"b{self.batch}", f"hq{self.heads_q}", f"hkv{self.heads_kv}",
                  f"q{self.seq_q}", f"k{self.seq_k}", f"d{self.head_dim}", f"dv{self.head_dim_v}",
                  self.dtype, self.device, self.mask, self.mode, f"s{self.seed}"]
-        defaults = Case()
+        defaults = _defaults()
         for name in self.knob_fields():
             value = getattr(self, name)
             if value != getattr(defaults, name):
@@ -114,9 +125,10 @@ class Case:
         return dataclasses.replace(self, **changes)
 
     # ---- derived --------------------------------------------------------
-    @property
+    @cached_property
     def mask_spec(self) -> MaskSpec:
-        return MaskSpec.parse(self.mask)
+        """The mask on this case's lengths: a window bound past them is cut to their reach."""
+        return MaskSpec.parse(self.mask).clamped(self.seq_q, self.seq_k)
 
     @property
     def inputs_spec(self) -> inputs_kinds.InputsSpec:
@@ -167,18 +179,26 @@ class Case:
 
     def layout_named(self, name: str) -> torch.Tensor:
         """Boolean (n_q_blocks, n_k_blocks) layout ``name`` with this case's block knobs."""
-        return block_layouts.make_layout(
-            name, self.seq_q, self.seq_k, self.block_size, band=self.block_band,
-            global_blocks=self.block_global, random_blocks=self.block_random, seed=self.seed,
-            pairs=self.block_pairs, stride=self.block_stride)
+        return block_layouts.make_layout(name, self.seq_q, self.seq_k, self.block_size,
+                                         **self.layout_knobs)
+
+    @property
+    def layout_knobs(self) -> dict:
+        """The block knobs a layout reads, as ``make_layout`` takes them."""
+        return dict(band=self.block_band, global_blocks=self.block_global,
+                    random_blocks=self.block_random, seed=self.seed, pairs=self.block_pairs,
+                    stride=self.block_stride)
 
     @cached_property
     def visible_pairs(self) -> int:
         if self.lengths:  # a packed batch: pairs within each document, per row
             return lengths_axis.visible_pairs_per_row(self.lengths, self.batch, self.seq_q,
                                                       self.seed, self.mask == "causal")
-        return visible_pairs(self.mask_spec, self.seq_q, self.seq_k, self.block_layout,
-                             self.block_size)
+        spec = self.mask_spec
+        if spec.kind == "block_sparse":  # counted from the layout's geometry, not a copy
+            return block_layouts.layout_pairs(spec.layout, self.seq_q, self.seq_k,
+                                              self.block_size, **self.layout_knobs)
+        return visible_pairs(spec, self.seq_q, self.seq_k, None, self.block_size)
 
     @property
     def density(self) -> float:

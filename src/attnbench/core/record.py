@@ -56,6 +56,8 @@ OPTIONAL_COLUMNS = {
     "lengths_hash": "packed batch: sha256 of the documents' lengths, row by row",
     "lengths_source": "lengths text(package): the documents read (an installed package's "
                       "module docstrings, tokenized) and the sha256 of their lengths list",
+    "layout_density": "block_sparse: share of the case's pairs its block layout holds; 1.0 "
+                      "means every tile, dense attention (its semantics then exact)",
     "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "
                      "num_warps, num_stages) that ran",
     "triton_compiled": "triton_flash: compiled kernel metadata per kernel (registers, spill "

@@ -167,13 +167,16 @@ def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
     impl_ref = backend.impl_reference(case, inputs)
     exact_ref = cache.reference_for(case) if (impl_ref is None
                                               or backend.semantics != DIFFERENT) else None
-    impl_cols = accuracy.error_columns("err_impl", outputs, (impl_ref or exact_ref).as_dict())
+    floor = accuracy.floors(case, inputs)
+    impl_cols = accuracy.error_columns("err_impl", outputs, (impl_ref or exact_ref).as_dict(),
+                                       floor)
     if backend.semantics == DIFFERENT:
         soft_cols = {}
     elif backend.semantics == EXACT and impl_ref is None:
         soft_cols = {k.replace("err_impl", "err_vs_softmax"): v for k, v in impl_cols.items()}
     else:
-        soft_cols = accuracy.error_columns("err_vs_softmax", outputs, exact_ref.as_dict())
+        soft_cols = accuracy.error_columns("err_vs_softmax", outputs, exact_ref.as_dict(),
+                                           floor)
     wrong = accuracy.verdict(outputs, impl_cols, case.dtype)
     record.update(**impl_cols, **soft_cols)
     if wrong:

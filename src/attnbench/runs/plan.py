@@ -207,16 +207,36 @@ def _call_s(case: Case, backend: str, rate: float, efficiency: dict[str, float],
         case.device.split(":")[0], NOMINAL_BYTES_PER_S["cpu"])
 
 
+class Runnable:
+    """Whether a backend runs a case, asked once per (backend, case key) and once per
+    backend for its availability: the estimate models the same pairs more than once."""
+
+    def __init__(self):
+        from attnbench.core.registry import all_backends
+        self.backends = all_backends()
+        self.available: dict[str, bool] = {}
+        self.answers: dict[tuple[str, str], bool] = {}
+
+    def __call__(self, case: Case, name: str) -> bool:
+        pair = (name, case.key)
+        if pair not in self.answers:
+            b = self.backends.get(name)
+            if b is not None and name not in self.available:
+                self.available[name] = bool(b.is_available()[0])
+            self.answers[pair] = (b is not None and self.available[name]
+                                  and not b.not_supported_reasons(case))
+        return self.answers[pair]
+
+
 def _modelled_s(jobs, timing: TimingBudget, rate: float, efficiency: dict, known: dict,
-                kind: str, rounds: dict | None = None) -> float:
+                kind: str, rounds: dict | None = None, runs: Runnable | None = None
+                ) -> float:
     """The cost model's seconds for ``jobs``; ``rounds`` ((case key, backend) -> pooled
     rounds) for the pairs a sequential claim keeps timing."""
-    from attnbench.core.registry import all_backends
-    backends = all_backends()
+    runs = runs or Runnable()
     total = 0.0
     for case, name in jobs:
-        b = backends.get(name)
-        if b is None or not b.is_available()[0] or b.not_supported_reasons(case):
+        if not runs(case, name):
             total += SKIP_S
         else:
             total += call_pair_s(_call_s(case, name, rate, efficiency, known), timing, kind,
@@ -227,6 +247,8 @@ def _modelled_s(jobs, timing: TimingBudget, rate: float, efficiency: dict, known
 def claim_round_budget(suite: Suite, jobs) -> dict[tuple[str, str], int]:
     """(case key, backend) -> the last look's rounds, for every pair of a group that holds
     both sides of a sequential claim (the whole group is timed in its rounds)."""
+    if not suite.claims:  # nothing to pair: no need to import the claims' statistics
+        return {}
     from attnbench.runs.pairing import claim_rounds, job_groups
     out = {}
     for group in job_groups(list(jobs), suite.claims, suite.comparisons):
@@ -283,20 +305,23 @@ def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
         own = [(Case(**{k: v for k, v in r.items() if k in Case.__dataclass_fields__}
                      | {"block_pairs": tuple(map(tuple, r.get("block_pairs") or ()))}),
                 r["backend"]) for r in records]
-        modelled = _modelled_s(own, then, rate, efficiency, known, kind)
+        runs = Runnable()
+        modelled = _modelled_s(own, then, rate, efficiency, known, kind, runs=runs)
         factor = min(max(_seconds(meta) * scale / modelled, 0.2), 5.0) if modelled > 0 else 1.0
-        seconds = factor * _modelled_s(jobs, suite.timing, rate, efficiency, known, kind)
+        seconds = factor * _modelled_s(jobs, suite.timing, rate, efficiency, known, kind,
+                                       runs=runs)
         most = factor * _modelled_s(jobs, suite.timing, rate, efficiency, known, kind,
-                                    most_rounds) if most_rounds else seconds
+                                    most_rounds, runs) if most_rounds else seconds
         covered = sum((c.key, b) in known for c, b in jobs)
         return seconds, (f"from run {run_dir.name}{moved}: {_seconds(meta) / 60:.1f} min measured; "
                          f"{covered} of {len(jobs)} pairs at its measured times, the rest at "
                          f"its backends' rates; the model scaled x{factor:.2f} to match that "
                          f"run"), max(most, seconds)
     rate = _matmul_rate(device)
-    seconds = _modelled_s(jobs, suite.timing, rate, {}, {}, kind)
-    most = _modelled_s(jobs, suite.timing, rate, {}, {}, kind, most_rounds) if most_rounds \
-        else seconds
+    runs = Runnable()
+    seconds = _modelled_s(jobs, suite.timing, rate, {}, {}, kind, runs=runs)
+    most = _modelled_s(jobs, suite.timing, rate, {}, {}, kind, most_rounds, runs) \
+        if most_rounds else seconds
     return seconds, (f"no earlier run of {suite.name} on {kind}: calls at "
                      f"{DEFAULT_EFFICIENCY:.0%} of the matmul rate measured now "
                      f"({rate / 1e9:.0f} GFLOP/s); a first run can take 2x longer"), \

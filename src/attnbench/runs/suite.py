@@ -22,7 +22,7 @@ from attnbench.core import lengths as lengths_axis
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
-from attnbench.core.masks import MASK_KINDS, MaskSpec
+from attnbench.core.masks import INT64_MAX, MASK_KINDS, MaskSpec
 from attnbench.measure.budget import TIMING_METHODS, TimingBudget
 from attnbench.runs import arith
 
@@ -128,6 +128,22 @@ class Sweep:
             return None
         return dataclasses.replace(self, axes=axes)
 
+    def bounds_problem(self) -> tuple[str, object, str] | None:
+        """(axis, value, problem) for a block longer than every sequence length the sweep
+        gives, read from its axes (nothing expanded); None when none is, or the lengths or
+        the block are derived (their values are known only point by point)."""
+        if "block_size" not in self.axes or "block_size" in self.derive or any(
+                a in self.derive for a in SEQ_AXES):
+            return None
+        lengths = [n for a in SEQ_AXES for n in self.axes.get(a, [])] or [Case.seq_q,
+                                                                          Case.seq_k]
+        longest = max(lengths)
+        for block in self.axes["block_size"]:
+            if block > longest:
+                return ("block_size", block, f"longer than every sequence length (the longest "
+                                             f"is {longest}); allowed: at most {longest}")
+        return None
+
     def pair_bounds(self) -> tuple[int, int]:
         """(at least, at most) how many (case, backend) pairs this sweep gives on one device,
         from the lengths of its axes alone: nothing is expanded. An exclude rule removes at
@@ -150,9 +166,15 @@ class Sweep:
             removed += n
         return max(0, high - removed), high
 
-    def backend_excluded(self, case: Case, backend: str) -> bool:
-        point = case.to_dict() | {"backend": backend, "seq_len": case.seq_q}
-        return any(_matches(ex, point) for ex in self.exclude if "backend" in ex)
+    def excluded_backends(self, case: Case) -> set[str]:
+        """The sweep's backends an exclude rule removes from ``case`` (its point made once
+        per case, not per pair)."""
+        rules = [ex for ex in self.exclude if "backend" in ex]
+        if not rules:
+            return set()
+        point = case.to_dict() | {"seq_len": case.seq_q}
+        return {b for b in self.backends
+                if any(_matches(ex, point | {"backend": b}) for ex in rules)}
 
 
 def _derived_value(axis: str, expression: arith.Expression, point: dict) -> int:
@@ -201,9 +223,9 @@ class Suite:
         for sweep in self.sweeps:
             try:
                 for case in sweep.iter_cases():
+                    excluded = sweep.excluded_backends(case)
                     for backend in sweep.backends:
-                        if sweep.backend_excluded(case, backend) or (case.key,
-                                                                     backend) in seen:
+                        if backend in excluded or (case.key, backend) in seen:
                             continue
                         if backend in sweep.supported_only and not _supports(backend, case):
                             continue
@@ -310,6 +332,8 @@ class _Validator:
                 self.fail(key, v, "must be a positive integer")
             if key in NON_NEGATIVE_AXES and v < 0:
                 self.fail(key, v, "must be >= 0")
+            if abs(v) > INT64_MAX:
+                self.fail(key, v, f"beyond int64; allowed: at most {INT64_MAX}")
             return v
         if key == "dtype":
             try:
@@ -320,7 +344,8 @@ class _Validator:
             try:
                 return str(MaskSpec.parse(str(v)))
             except ValueError as exc:
-                self.fail(key, v, f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
+                self.fail(key, v, str(exc) if "allowed" in str(exc) else
+                          f"{exc}; allowed forms: {', '.join(MASK_KINDS)}")
         if key == "inputs":
             try:
                 return str(inputs_kinds.parse(str(v)))
@@ -354,6 +379,8 @@ class _Validator:
                     isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
                     for p in v):
                 self.fail(key, v, "must be a list of [query_block, key_block] integer pairs")
+            if any(abs(x) > INT64_MAX for p in v for x in p):
+                self.fail(key, v, f"a block index beyond int64; allowed: at most {INT64_MAX}")
             return tuple(tuple(p) for p in v)
         if not isinstance(v, str):
             self.fail(key, v, "must be a string")
@@ -507,6 +534,9 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
         if not isinstance(sweep_name, str) or not sweep_name:
             v.fail(f"{where}name", sweep_name, "must be a non-empty string")
         sweep = Sweep(sweep_name, backends, axes, excludes, derive, tuple(devices))
+        bad = sweep.bounds_problem()
+        if bad:
+            v.fail(f"{where}axes.{bad[0]}", bad[1], bad[2])
         try:
             checked = sweep.checked_at_load()
             for _ in (checked.iter_cases() if checked else ()):
@@ -584,6 +614,10 @@ def override_axes(suite: Suite, **axes) -> Suite:
                 for k in ("seq_q", "seq_k"):
                     sweep.axes.pop(k, None)
             sweep.axes[key] = checked
+        bad = sweep.bounds_problem()
+        if bad:
+            raise BadInput(f"{suite.path}: sweep {sweep.name!r}: {bad[0]} = {shown(bad[1])} "
+                           f"with the command line's lengths: {bad[2]}")
     return suite
 
 
