@@ -22,12 +22,7 @@ class SdpaPadded(Backend):
     name = "sdpa_padded"
     description = ("packed batch padded to its longest document: torch sdpa with a "
                    "key-padding (and causal) mask; the padding is work not counted")
-    caps = Capabilities(masks=("none", "causal"), lengths=True)
-
-    def extra_reasons(self, case):
-        if not case.lengths:
-            return ["needs a packed batch (a lengths axis): it is the padded baseline of one"]
-        return []
+    caps = Capabilities(masks=("none", "causal"), lengths=True, dense=False)
 
     def build(self, case, inputs):
         device = inputs.q.device

@@ -96,7 +96,7 @@ def test_decode_runs_every_exact_backend_that_accepts_nq_ne_nk():
     backends = all_backends()
     suite = load_suite(str(SUITES / "decode.toml"), sorted(backends))
     wanted = {n for n, b in backends.items()
-              if b.semantics == EXACT and b.caps.cross_attention}
+              if b.semantics == EXACT and b.caps.cross_attention and b.caps.dense}
     for device in ("cpu", "cuda"):
         jobs = suite.jobs_on(device)
         assert {b for _, b in jobs} >= wanted, device

@@ -13,8 +13,7 @@ from attnbench.core import lengths
 from attnbench.core.case import Case
 from attnbench.core.errors import BadInput
 from attnbench.core.record import OPTIONAL_COLUMNS, Record
-from attnbench.core.reference import case_reference
-from attnbench.core.reference_varlen import varlen_reference
+from attnbench.core.reference import case_reference, varlen_reference
 from attnbench.core.registry import get_backend
 from attnbench.measure.case_cache import CaseCache
 from attnbench.measure.execute import Candidate, open_job

@@ -51,6 +51,7 @@ class Capabilities:
     # of its records may be named by
     knobs: tuple[str, ...] = ()
     lengths: bool = False  # packed variable-length batches (a case's ``lengths``)
+    dense: bool = True  # False: packed batches only (a baseline defined by its padding)
 
     def reasons(self, case: Case) -> list[str]:
         out = []
@@ -73,6 +74,9 @@ class Capabilities:
             out.append("cross-attention (seq_q != seq_k) not supported")
         if not self.dv_differs and case.head_dim_v != case.head_dim:
             out.append("head_dim_v != head_dim not supported")
+        if not case.lengths and not self.dense:
+            out.append("needs a packed batch (a lengths axis): it is the padded baseline of "
+                       "one")
         if case.lengths and not self.lengths:
             out.append(f"lengths {case.lengths}: not yet implemented for packed batches")
         elif case.lengths and lengths_axis.unavailable_reason(case.lengths):
