@@ -233,3 +233,26 @@ def test_a_models_1_line_and_a_new_one_share_their_key():
     assert new["key"] == old["key"] == job.case("train", "kernel").key
     assert new["status"] == "unsupported" and new["reason"] == "mask causal"
     assert "time_ms_median" not in new
+
+
+def test_resume_with_retry_measures_unavailable_pairs_again(write_suite, tmp_path,
+                                                            monkeypatch, capsys):
+    monkeypatch.setattr(model_runner.hf_adapter, "transformers_reason",
+                        lambda: "transformers is not installed")
+    run_dir = _run(write_suite, tmp_path, "t")
+    assert {r["status"] for r in read_records(run_dir)} == {"unavailable"}
+    calls = fake_measurement(monkeypatch)
+    _run(write_suite, tmp_path, "t", resume=True)
+    assert calls == []  # unavailable is recorded: resumed without --retry, nothing to do
+    suite = load_model_suite(str(write_suite(SUITE)), KNOWN, "cpu")
+    model_runner.run_models(suite, tmp_path, "cpu", run_id="t", log=lambda *_: None,
+                            resume=True, retry=("unavailable",))
+    assert len(calls) == 2
+    latest = read_records(run_dir)
+    assert len(latest) == 12 and {r["status"] for r in latest} == {"ok"}
+    assert len(record_lines(run_dir / "records.jsonl")) == 24  # the old ones kept as history
+    for argv, said in ((["--retry", "error"], "--retry: only with --resume RUN_ID"),
+                       (["--resume", "t", "--retry", "ok"], "--retry 'ok': allowed: ")):
+        assert main(["model", *argv, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err, err

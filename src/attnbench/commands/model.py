@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     m.add_argument("--resume", metavar="RUN_ID",
                    help="measure the pairs the model run <out>/models/RUN_ID has not recorded "
                         "(its recorded suite, on its device); recorded pairs are skipped")
+    m.add_argument("--retry", metavar="STATUSES",
+                   help="with --resume: measure pairs with these statuses again, e.g. "
+                        "unavailable,error (the new record supersedes the old)")
     m.add_argument("--report-dir", default="reports",
                    help="reports root (the report goes to <report-dir>/<run-id>/)")
     m.add_argument("--report", metavar="RUN", help="only rebuild the report of this run")
@@ -46,6 +49,7 @@ def run(args) -> int:
         if not (run_dir / RECORDS).is_file():
             raise BadInput(f"--report {args.report}: not a run directory (no {RECORDS})")
     else:
+        retry = _retry(args)
         if args.resume:
             suite, device = _resumed(args, sorted(all_backends()))
         else:
@@ -56,14 +60,29 @@ def run(args) -> int:
         if reason:  # still recorded: every job unavailable with the install command
             print(f"attnbench model: {reason}")
         if "OMP_WAIT_POLICY" not in os.environ:
-            return _in_fresh_process(suite, device, args)
+            return _in_fresh_process(suite, device, args, retry)
         run_dir = run_models(suite, args.out, device, args.run_id or args.resume,
-                             resume=bool(args.resume))
+                             resume=bool(args.resume), retry=retry)
         print(f"run: {run_dir}")
     path = write_model_report(run_dir, Path(args.report_dir) / run_dir.name)
     print(summary(run_dir))
     print(f"report: {path}  ({path.with_suffix('.html')})")
     return 0
+
+
+def _retry(args) -> tuple[str, ...]:
+    """The statuses ``--retry`` names, checked as ``run --retry`` checks them."""
+    from attnbench.core.record import STATUSES
+    from attnbench.runs.overrides import csv_list
+
+    retry = tuple(csv_list(args.retry) or ())
+    if retry and not args.resume:
+        raise BadInput("--retry: only with --resume RUN_ID")
+    for status in retry:
+        if status not in STATUSES or status == "ok":
+            raise BadInput(f"--retry {status!r}: allowed: "
+                           f"{', '.join(s for s in STATUSES if s != 'ok')}")
+    return retry
 
 
 def _resumed(args, known: list[str]):
@@ -84,25 +103,25 @@ def _resumed(args, known: list[str]):
     return suite, device
 
 
-def _in_fresh_process(suite, device, args) -> int:
+def _in_fresh_process(suite, device, args, retry) -> int:
     """The run in a spawned process whose OpenMP pool waits passively: spinning idle threads
     (the default, fixed when torch loads) made a 0.1 ms linear layer take 17 ms on the
     loaded 2-core machine (a minute per tiny model step instead of a second)."""
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     child = multiprocessing.get_context("spawn").Process(
         target=_child, args=(suite, device, args.out, args.run_id or args.resume,
-                             bool(args.resume), args.report_dir))
+                             bool(args.resume), retry, args.report_dir))
     child.start()
     child.join()
     return child.exitcode
 
 
-def _child(suite, device, out, run_id, resume, report_dir) -> None:
+def _child(suite, device, out, run_id, resume, retry, report_dir) -> None:
     from attnbench.reporting.model_report import summary, write_model_report
     from attnbench.runs.model_runner import run_models
 
     try:
-        run_dir = run_models(suite, out, device, run_id, resume=resume)
+        run_dir = run_models(suite, out, device, run_id, resume=resume, retry=retry)
     except BadInput as exc:
         print(f"attnbench: error: {exc}", file=sys.stderr)
         sys.exit(2)

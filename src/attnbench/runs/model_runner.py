@@ -113,14 +113,14 @@ def _open(root: Path, suite: ModelSuite, device: str, run_id: str | None,
 
 
 def run_models(suite: ModelSuite, out: str | Path, device: str, run_id: str | None = None,
-               log=print, resume: bool = False) -> Path:
+               log=print, resume: bool = False, retry: tuple[str, ...] = ()) -> Path:
     """Measure every job of ``suite`` into a new run, or (``resume``) the pairs the run
-    ``run_id`` has not recorded yet."""
+    ``run_id`` has not recorded yet, or recorded with a status in ``retry``."""
     root = run_folder.out_root(Path(out) / FOLDER)
     run_dir = _open(root, suite, device, run_id, resume)
     with run_folder.RunLock(run_dir):
-        done = {(r["key"], r["backend"]) for r in read_model_records(run_dir)} \
-            if resume else set()
+        done = {(r["key"], r["backend"]) for r in read_model_records(run_dir)
+                if r["status"] not in retry} if resume else set()
         env = environment.collect(device)
         context = {"run_id": run_dir.name, "suite": suite.name,
                    "env": {**environment.record_fields(env), "env_id": environment.env_id(env)}}
