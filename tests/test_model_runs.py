@@ -89,14 +89,14 @@ def test_a_tiny_model_run_records_every_backend_and_reports_it(write_suite, tmp_
                                       log=lambda *_: None)
     assert run_dir == tmp_path / "out" / "models" / "t"
     records = read_records(run_dir)
-    model = {(r["step"], r["backend"]): r for r in records if r["level"] == "model"}
+    model = {(r["mode"], r["backend"]): r for r in records if r["level"] == "model"}
     assert set(model) == {(s, b) for s in ("fwd", "train")
                           for b in ("eager", "sdpa", "naive", "sliding_window")}
     for step in ("fwd", "train"):
         for b in ("eager", "sdpa", "naive"):
             r = model[(step, b)]
             assert r["status"] == "ok", r
-            assert r["time_ms_lo"] <= r["time_ms"] <= r["time_ms_hi"]
+            assert r["time_ms_ci_low"] <= r["time_ms_median"] <= r["time_ms_ci_high"]
             assert len(r["samples_ms"]) == 6
         # the causal model is refused by sliding_window before timing, with its reason
         refused = model[(step, "sliding_window")]
@@ -106,7 +106,7 @@ def test_a_tiny_model_run_records_every_backend_and_reports_it(write_suite, tmp_
         assert "attn_share" not in model[(step, "eager")]
     # exact backends reproduce eager's output on the forward
     assert model[("fwd", "sdpa")]["rel_l2_vs_eager"] < 1e-5
-    kernel = {(r["step"], r["backend"]): r for r in records if r["level"] == "kernel"}
+    kernel = {(r["mode"], r["backend"]): r for r in records if r["level"] == "kernel"}
     assert kernel[("train", "sdpa")]["attn_case"].endswith("causal-fwd_bwd-s0-scale=0.25")
     assert "hkv2" in kernel[("fwd", "naive")]["attn_case"]  # GQA kept at the kernel level
     assert all(r["env_torch"] and r["run_id"] == "t" for r in records)

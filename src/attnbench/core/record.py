@@ -92,6 +92,30 @@ DEVICE_COLUMNS = {
     "sampler_error": "a device-state sampler that failed in this group (its fields are absent)",
 }
 OPTIONAL_COLUMNS |= DEVICE_COLUMNS
+# Records of model runs (attnbench model): the case is a core.model_case.ModelCase, whose
+# batch, dtype, device and mode share the kernel columns; the timing columns are the same.
+MODEL_COLUMNS = {
+    "model": "model runs: the model (model_zoo name)",
+    "size": "model runs: the config's scale (tiny, cpu, h200), or real for pretrained weights "
+            "(named size: scale is the kernel case's softmax scale)",
+    "seq_len": "model runs: tokens per sequence",
+    "level": "model runs: model (the whole step) or kernel (the attention case the model "
+             "called, timed alone); mode is the step, fwd or train",
+    "weights": "model runs: real (pretrained) or random",
+    "attn_case": "model runs: key of the attention case the model called",
+    "attn_share": "model runs: median share of the step spent in attention calls",
+    "attn_share_lo": "model runs: lower end of the share's 95% interval",
+    "attn_share_hi": "model runs: upper end of the share's 95% interval",
+    "attn_share_samples": "model runs: the share of each timed pass",
+    "attn_share_note": "model runs: why a backend has no share (eager's attention is "
+                       "transformers' own code)",
+    "rel_l2_vs_eager": "model runs, fwd: relative L2 of the last hidden state against eager",
+    "cos_sim_vs_eager": "model runs, fwd, pooled models: mean cosine similarity of the "
+                        "sentence embeddings against eager",
+    "cos_sim_min": "model runs, fwd, pooled models: lowest cosine similarity of a sequence",
+    "format": "models-1 on a record read from the first model-run layout (converted)",
+}
+OPTIONAL_COLUMNS |= MODEL_COLUMNS
 
 
 @dataclass

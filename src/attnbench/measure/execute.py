@@ -187,8 +187,23 @@ def timing_columns(case: Case, work: float, samples: list[float], stop: str,
                    probe_readings: list[float], budget: TimingBudget) -> dict:
     """Every timing-derived column, from the raw samples (and the probe readings taken
     during them): one definition, used after one process and after merging several."""
+    sec = statistics.median(samples) * 1e-3
+    return sample_columns(samples, stop, probe_readings, budget) | {
+        "tflops": work / sec / 1e12,
+        "tflops_dense": case.flops_dense / sec / 1e12,
+        "gbps": case.bytes / sec / 1e9,
+        "work_flops": work,
+        "flops": case.flops,
+        "flops_dense": case.flops_dense,
+        "density": case.density,
+    }
+
+
+def sample_columns(samples: list[float], stop: str, probe_readings: list[float],
+                   budget: TimingBudget) -> dict:
+    """The columns of the samples alone (median, interval, spread, probe, noise flag): a
+    kernel record's and a model step's alike."""
     timing = Timing(list(samples), stop, list(probe_readings))
-    sec = timing.median_ms * 1e-3
     interval = timing.interval
     cols = {
         "time_ms_median": timing.median_ms,
@@ -201,13 +216,6 @@ def timing_columns(case: Case, work: float, samples: list[float], stop: str,
         "n_samples": len(timing.samples_ms),
         "samples_ms": timing.samples_ms,
         "sampling_stop": stop,
-        "tflops": work / sec / 1e12,
-        "tflops_dense": case.flops_dense / sec / 1e12,
-        "gbps": case.bytes / sec / 1e9,
-        "work_flops": work,
-        "flops": case.flops,
-        "flops_dense": case.flops_dense,
-        "density": case.density,
     }
     if probe_readings:
         cols["probe_readings"] = list(probe_readings)

@@ -16,10 +16,15 @@ backends through ``hf_adapter``), and for each step, ``fwd`` (inference forward)
 5. peak memory of one step above what the model and inputs hold;
 6. output deviation from eager on the forward: relative L2 of the last hidden state and,
    for a sentence-embedding model, the cosine similarity of the mean-pooled embeddings.
+
+Each result is a ``Record`` whose case is a ``ModelCase`` (the job, the step, the level), with
+the timing columns of a kernel record (``execute.sample_columns``) and the model columns that
+``core.record.MODEL_COLUMNS`` declares.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import statistics
 from dataclasses import dataclass
 
@@ -27,15 +32,17 @@ import torch
 
 from attnbench.core.backend import EXACT
 from attnbench.core.errors import NotSupported
+from attnbench.core.model_case import STEPS, ModelCase
+from attnbench.core.record import Record
 from attnbench.core.registry import all_backends
 from attnbench.measure import hf_adapter
+from attnbench.measure.execute import sample_columns
 from attnbench.measure.memory import peak_memory_bytes
-from attnbench.measure.model_zoo import BuiltModel
-from attnbench.measure.timing import TimingBudget, measure_interleaved
+from attnbench.measure.model_zoo import REAL, BuiltModel
+from attnbench.measure.timing import Timing, TimingBudget, measure_interleaved
 from attnbench.stats.intervals import median_interval
 
 EAGER = "eager"
-STEPS = ("fwd", "train")
 KERNEL_MODE = {"fwd": "fwd", "train": "fwd_bwd"}
 
 
@@ -50,6 +57,12 @@ class ModelJob:
     backends: tuple[str, ...]  # eager first; attnbench backend names after
     steps: tuple[str, ...] = STEPS
     share_passes: int = 6
+
+    def case(self, step: str, level: str = "model") -> ModelCase:
+        """The identity of this job's record of one step at one level."""
+        size = "real" if self.model == REAL else self.scale
+        return ModelCase(self.model, size, self.batch, self.seq_len, self.dtype, self.device,
+                         step, level)
 
 
 def one_line(exc: BaseException) -> str:
@@ -99,12 +112,6 @@ def deviation(out: torch.Tensor, ref: torch.Tensor, built: BuiltModel) -> dict:
     return cols
 
 
-def timing_cols(samples: list[float], prefix: str) -> dict:
-    iv = median_interval(samples)
-    return {f"{prefix}_ms": statistics.median(samples), f"{prefix}_ms_lo": iv.low,
-            f"{prefix}_ms_hi": iv.high, "samples_ms": list(samples)}
-
-
 def attention_share(built: BuiltModel, backend: str, step: str, passes: int) -> dict:
     """Median share of the step spent in attention calls, with its 95% interval."""
     import time
@@ -144,92 +151,104 @@ def kernel_closure(backend: str, case):
     return impl.prepare(case, case.make_inputs()).fn
 
 
-def measure_job(job: ModelJob, built: BuiltModel, budget: TimingBudget) -> list[dict]:
-    """Records (dicts) for every (backend, step): the model level and the kernel level."""
+def _backend_hash(backend: str, level: str) -> str | None:
+    """What the measured code is, for compare's unchanged-code witness: the backend's source
+    and, for a whole step, the transformers release that runs the rest of the model."""
+    impl = all_backends().get(backend)
+    code = impl.code_hash() if impl is not None else None
+    if level == "kernel":
+        return code
+    model_code = f"transformers {importlib.metadata.version('transformers')}"
+    return model_code if code is None else f"{code}+{model_code}"
+
+
+def measure_job(job: ModelJob, built: BuiltModel, budget: TimingBudget) -> list[Record]:
+    """Records for every (backend, step): the model level and the kernel level."""
     skipped = hf_adapter.register([b for b in job.backends if b != EAGER])
     dev = torch.device(job.device)
     records = []
 
-    def base(backend, step, level):
+    def base(backend, step, level) -> Record:
         impl = all_backends().get(backend)
-        return {"model": job.model, "scale": job.scale, "weights": built.weights,
-                "batch": job.batch, "seq_len": job.seq_len, "dtype": job.dtype,
-                "device": job.device, "backend": backend, "step": step, "level": level,
-                "semantics": impl.semantics if impl is not None else EXACT}
+        return Record.new(job.case(step, level), backend, "error", "not measured",
+                          weights=built.weights, backend_hash=_backend_hash(backend, level),
+                          semantics=impl.semantics if impl is not None else EXACT)
 
     for step in job.steps:
-        ok, cases, rows, ref = {}, {}, {}, None
+        ok, cases, recs, outs, ref = {}, {}, {}, {}, None
         for backend in job.backends:
-            row = base(backend, step, "model")
-            rows[backend] = row
+            rec = recs[backend] = base(backend, step, "model")
             if backend in skipped:
-                row.update(status="unavailable", reason=skipped[backend])
+                rec.update(status="unavailable", reason=skipped[backend])
                 continue
             if backend != EAGER:
                 hf_adapter.adapter(backend).calls.clear()
             try:
                 out = step_closure(built, backend, step)()
             except NotSupported as exc:
-                row.update(status="unsupported", reason="; ".join(exc.reasons))
+                rec.update(status="unsupported", reason="; ".join(exc.reasons))
                 continue
             except torch.OutOfMemoryError as exc:
-                row.update(status="oom", reason=one_line(exc))
+                rec.update(status="oom", reason=one_line(exc))
                 continue
             except Exception as exc:  # one failing backend costs one record
-                row.update(status="error", reason=one_line(exc))
+                rec.update(status="error", reason=one_line(exc))
                 continue
             if not bool(torch.isfinite(out).all()):
-                row.update(status="wrong", reason="the last hidden state holds NaN or Inf")
+                rec.update(status="wrong", reason="the last hidden state holds NaN or Inf")
                 continue
             if backend == EAGER:
                 ref = out
             else:
                 calls = list(hf_adapter.adapter(backend).calls)
                 cases[backend] = calls[0] if calls else None
-                row["attn_case"] = calls[0].key if calls else None
-            row["_out"] = out
+                rec.update(attn_case=calls[0].key if calls else None)
+            outs[backend] = out
             ok[backend] = step_closure(built, backend, step)
-        for row in rows.values():
-            out = row.pop("_out", None)
-            if out is not None and ref is not None and step == "fwd":
-                row.update(deviation(out, ref, built))
+        if ref is not None and step == "fwd":
+            for backend, out in outs.items():
+                recs[backend].update(**deviation(out, ref, built))
         if ok:
             timings = measure_interleaved(list(ok.values()), dev, budget)
             for backend, timing in zip(ok, timings):
-                row = rows[backend]
-                row.update(status="ok", reason="", stop=timing.stop,
-                           **timing_cols(timing.samples_ms, "time"))
-                row.update(attention_share(built, backend, step, job.share_passes))
+                rec = recs[backend]
+                rec.update(status="ok", reason="", **step_columns(timing, budget))
+                rec.update(**attention_share(built, backend, step, job.share_passes))
                 peak = peak_memory_bytes(ok[backend], dev)
-                row["peak_mem_mb"] = None if peak is None else peak / 2**20
-        records.extend(rows.values())
+                if peak is not None:
+                    rec.update(peak_mem_bytes=peak)
+        records.extend(recs.values())
         records.extend(kernel_records(job, step, cases, budget, base))
     return records
 
 
+def step_columns(timing: Timing, budget: TimingBudget) -> dict:
+    """A timed step's columns: the kernel records' timing columns, the samplers' fields."""
+    return sample_columns(timing.samples_ms, timing.stop, timing.probe_readings,
+                          budget) | timing.fields
+
+
 def kernel_records(job: ModelJob, step: str, cases: dict, budget: TimingBudget,
-                   base) -> list[dict]:
+                   base) -> list[Record]:
     """The attention case each backend ran inside the model, timed alone."""
-    rows, fns = {}, {}
+    recs, fns = {}, {}
     for backend, case in cases.items():
         if case is None:
             continue
         case = case.replace(mode=KERNEL_MODE[step], scale=case.scale)
-        row = base(backend, step, "kernel")
-        row["attn_case"] = case.key
-        rows[backend] = row
+        rec = recs[backend] = base(backend, step, "kernel")
+        rec.update(attn_case=case.key)
         try:
             fns[backend] = kernel_closure(backend, case)
             fns[backend]()
         except NotSupported as exc:
-            row.update(status="unsupported", reason="; ".join(exc.reasons))
+            rec.update(status="unsupported", reason="; ".join(exc.reasons))
             fns.pop(backend, None)
         except Exception as exc:
-            row.update(status="error", reason=one_line(exc))
+            rec.update(status="error", reason=one_line(exc))
             fns.pop(backend, None)
     if fns:
         timings = measure_interleaved(list(fns.values()), torch.device(job.device), budget)
         for backend, timing in zip(fns, timings):
-            rows[backend].update(status="ok", reason="", stop=timing.stop,
-                                 **timing_cols(timing.samples_ms, "time"))
-    return list(rows.values())
+            recs[backend].update(status="ok", reason="", **step_columns(timing, budget))
+    return list(recs.values())

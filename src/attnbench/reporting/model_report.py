@@ -6,7 +6,8 @@ ratio of paired samples: the backends of a step share interleaved rounds), atten
 of the step, peak memory, and, where weights are real, the output drift from eager. Then,
 per model, the best backend's speedup over sdpa at the kernel level (the attention case the
 model ran, timed alone) beside the model level, with what Amdahl's law predicts from sdpa's
-attention share: ``1 / ((1 - s) + s / k)``.
+attention share: ``1 / ((1 - s) + s / k)``. Records are read through
+``runs.model_records``, so runs of the first model-run layout read as today's.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ import pandas as pd
 from attnbench.reporting import answers, document, plots
 from attnbench.reporting.document import Bullets, Details, Figure, Figures, Heading, Para, Table
 from attnbench.reporting.interval_text import ratio_text
-from attnbench.runs.record_files import read_meta, read_records, write_atomic
+from attnbench.runs.model_records import read_model_records
+from attnbench.runs.record_files import read_meta, write_atomic
 from attnbench.stats.intervals import paired_ratio_interval, ratio_interval
 
 BASELINE = "sdpa"
-JOB = ["model", "scale", "batch", "seq_len", "dtype"]
+JOB = ["model", "size", "batch", "seq_len", "dtype", "device"]
 
 
 def _ms(row) -> str:
     if row is None or row.get("status") != "ok":
         return "—"
-    return f"{row['time_ms']:.3g} [{row['time_ms_lo']:.3g}, {row['time_ms_hi']:.3g}]"
+    return (f"{row['time_ms_median']:.3g} [{row['time_ms_ci_low']:.3g}, "
+            f"{row['time_ms_ci_high']:.3g}]")
 
 
 def speedup(base: dict | None, other: dict | None):
@@ -57,7 +60,7 @@ def _share(row) -> str:
 
 
 def _rows(records, step, level) -> dict[str, dict]:
-    return {r["backend"]: r for r in records if r["step"] == step and r["level"] == level}
+    return {r["backend"]: r for r in records if r["mode"] == step and r["level"] == level}
 
 
 def amdahl(share: float, kernel: float) -> float:
@@ -67,7 +70,7 @@ def amdahl(share: float, kernel: float) -> float:
 
 def _title(first: dict) -> str:
     real = first.get("weights") == "real"
-    kind = "real weights" if real else f"{first['scale']} config, random weights"
+    kind = "real weights" if real else f"{first['size']} config, random weights"
     return (f"{first['model']} ({kind}), batch {first['batch']}, N = {first['seq_len']}, "
             f"{first['dtype']}")
 
@@ -85,13 +88,13 @@ def job_table(records: list[dict]) -> tuple[pd.DataFrame, list[str]]:
                 notes.append(f"{backend} ({step}): {r['status']}: {r.get('reason', '')}")
         if not any(r is not None and r.get("status") == "ok" for r in (f, t)):
             continue
-        peak = t.get("peak_mem_mb") if t and t.get("status") == "ok" else None
+        peak = t.get("peak_mem_bytes") if t and t.get("status") == "ok" else None
         row = {"backend": backend, "forward ms [95% CI]": _ms(f),
                "fwd vs sdpa": _x(speedup(fwd.get(BASELINE), f)),
                "train step ms [95% CI]": _ms(t),
                "train vs sdpa": _x(speedup(train.get(BASELINE), t)),
                "attention share (fwd / train)": f"{_share(f)} / {_share(t)}",
-               "peak MiB (train)": "—" if peak is None else f"{peak:.0f}"}
+               "peak MiB (train)": "—" if peak is None else f"{peak / 2**20:.0f}"}
         if real:
             cos = f.get("cos_sim_vs_eager") if f else None
             rel = f.get("rel_l2_vs_eager") if f else None
@@ -140,9 +143,9 @@ def time_chart(records: list[dict], path: Path) -> str | None:
         ok = [r for r in _rows(records, step, "model").values() if r["status"] == "ok"]
         names = [r["backend"] for r in ok]
         y = np.arange(len(ok))
-        t = np.array([r["time_ms"] for r in ok], dtype=float)
-        lo = np.clip(t - np.array([r["time_ms_lo"] for r in ok], dtype=float), 0, None)
-        hi = np.clip(np.array([r["time_ms_hi"] for r in ok], dtype=float) - t, 0, None)
+        t = np.array([r["time_ms_median"] for r in ok], dtype=float)
+        lo = np.clip(t - np.array([r["time_ms_ci_low"] for r in ok], dtype=float), 0, None)
+        hi = np.clip(np.array([r["time_ms_ci_high"] for r in ok], dtype=float) - t, 0, None)
         ax.barh(y, t, xerr=[lo, hi], color=[palette.color(n) for n in names], capsize=3)
         ax.set_yticks(y)
         ax.set_yticklabels(names)
@@ -180,7 +183,7 @@ def best_backends(records: list[dict]) -> list[tuple]:
                           and (r.get("semantics", "exact") == "exact") == exact}
             if not candidates:
                 continue
-            best = min(candidates, key=lambda b: candidates[b]["time_ms"])
+            best = min(candidates, key=lambda b: candidates[b]["time_ms_median"])
             k = speedup(kernel.get(BASELINE), kernel.get(best))
             m = speedup(base, candidates[best])
             share = base.get("attn_share")
@@ -212,7 +215,7 @@ def job_answer(records: list[dict]) -> str | None:
 def short_headline(run_dir: Path) -> str:
     """At most ``answers.INDEX_WIDTH`` characters for the index."""
     said = []
-    for job in _jobs(read_records(run_dir)):
+    for job in _jobs(read_model_records(run_dir)):
         found = [b for b in best_backends(job) if "(approximate)" not in b[1]]
         if found:
             step, label, _, m, _ = found[-1]
@@ -222,9 +225,9 @@ def short_headline(run_dir: Path) -> str:
 
 
 def blocks(run_dir: Path, out: Path | None = None) -> list:
-    records = read_records(run_dir)
+    records = read_model_records(run_dir)
     meta = read_meta(run_dir)
-    env = meta.get("env", {})
+    env = meta.get("environment") or meta.get("env") or {}  # (env: before records)
     out_blocks: list = [
         Heading(1, f"Model-level run {meta.get('run_id', run_dir.name)}"),
         Para([f"Suite {meta.get('suite')} on {env.get('device_name')} "
@@ -258,7 +261,7 @@ def model_report(run_dir: Path) -> str:
 def summary(run_dir: Path) -> str:
     """A text table for the terminal: per job and backend, both steps and their speedups."""
     rows = []
-    for job in _jobs(read_records(run_dir)):
+    for job in _jobs(read_model_records(run_dir)):
         table, _ = job_table(job)
         first = job[0]
         for _, r in table.iterrows():

@@ -45,6 +45,7 @@ class ModelSuite:
     description: str
     jobs: list[ModelJob]
     budget: TimingBudget
+    text: str = ""  # the TOML as read: what --resume replays, whatever the file holds later
 
 
 class _Check:
@@ -88,8 +89,18 @@ def _dtype(name: str) -> str | None:
 def load_model_suite(name_or_path: str, known_backends: list[str], device: str) -> ModelSuite:
     path = find_suite(name_or_path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    return parse_model_suite(text, path, known_backends, device)
+
+
+def parse_model_suite(text: str, path: Path, known_backends: list[str],
+                      device: str) -> ModelSuite:
+    """A suite's ``[models]`` section from its TOML (``path`` names it in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
     section = data.get(SECTION)
     if not isinstance(section, dict):
@@ -139,4 +150,4 @@ def load_model_suite(name_or_path: str, known_backends: list[str], device: str) 
                 jobs.append(ModelJob(model, scale, batch, n, canonical_dtype(dtype), device,
                                      run_backends, run_steps, share_passes))
     return ModelSuite(data.get("name", path.stem), path, section.get("description", ""),
-                      jobs, budget)
+                      jobs, budget, text)
