@@ -2,34 +2,31 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import pytest
-import torch
 
+from attnbench.measure import execute
 from attnbench.measure.execute import Candidate, open_job
-from attnbench.measure.timing import l2_flush_buffer
+from attnbench.measure.timing import TimingBudget, measure_interleaved
 
 
-def _rounds(fn, sync, timing, clock=time.perf_counter) -> int:
-    """Rounds from the suite's budget: ``budget_s`` of calls, within [min_reps, max_reps],
-    sized from warmed calls. A first call pays lazy initialisation (allocator, kernel
-    selection, thread-pool start) and can read 10x slow, which would leave a benchmark with
-    the minimum rounds: calls run until ``warmup_s`` has passed (at least two), then the
-    median of three more sets the size of a round."""
-    def once() -> float:
-        t0 = clock()
-        fn()
-        sync()
-        return clock() - t0
+def samples_ms(opened: Candidate, timing: TimingBudget) -> tuple[list[float], str]:
+    """The pair's samples (ms) and why sampling stopped, from the run's timing loop under the
+    suite's budget: the same warm-up, stopping rule, timing method and L2 flush as a record
+    of ``attnbench run`` (the checked call just before counts as warm)."""
+    t = measure_interleaved([opened.prepared.fn], opened.record.case.device, timing,
+                            warm=True, copies=[execute._copies(opened)])[0]
+    return t.samples_ms, t.stop
 
-    start, warm = clock(), 0
-    while warm < 2 or clock() - start < timing.warmup_s:
-        once()
-        warm += 1
-    per_call = max(statistics.median(once() for _ in range(3)), 1e-6)
-    return max(timing.min_reps, min(timing.max_reps, int(timing.budget_s / per_call)))
+
+def record_rounds(benchmark, samples: list[float]) -> None:
+    """The loop's samples as pytest-benchmark's rounds (in seconds), which it then saves,
+    compares and prints as its own; the fixture counts as used."""
+    benchmark._mode = "attnbench's timing loop"
+    if not samples:  # --benchmark-disable: the checked call was the test
+        return
+    stats = benchmark._make_stats(1)
+    for ms in samples:
+        stats.update(ms * 1e-3)
 
 
 def test_attention(benchmark, pair, case_cache, suite_timing):
@@ -43,25 +40,10 @@ def test_attention(benchmark, pair, case_cache, suite_timing):
     record = opened.record
     if record.status != "ok":  # wrong: the output is beyond the dtype's tolerance
         pytest.fail(f"{backend} {case.key}: {record.status}: {record.reason}", pytrace=False)
-    fn = opened.prepared.fn
-    dev = torch.device(case.device)
-    cuda = dev.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
-    # as the harness times: L2 flushed before each call, outside the timed region
-    flush = l2_flush_buffer(dev) if cuda else None
-
-    def setup():
-        if flush is not None:
-            flush.zero_()
-            sync()
-
-    def call():
-        fn()
-        sync()  # the GPU's work ends inside the timed region
-
     benchmark.extra_info.update(
         key=case.key, backend=backend, work_flops=opened.backend.work_flops(case),
         min_bytes=case.bytes, err_impl_out_rel=record.metrics.get("err_impl_out_rel"),
-        kernel=record.info.get("kernel"))
-    benchmark.pedantic(call, setup=setup, rounds=_rounds(fn, sync, suite_timing),
-                       warmup_rounds=1, iterations=1)
+        kernel=record.info.get("kernel"), timing_method=suite_timing.method)
+    samples, stop = ([], "disabled") if benchmark.disabled else samples_ms(opened, suite_timing)
+    benchmark.extra_info["sampling_stop"] = stop
+    record_rounds(benchmark, samples)

@@ -676,20 +676,16 @@ def config_for(kernel: str, q, k, v, plan: Plan) -> Config:
     return hit if hit is not None else configs_for(kernel, q, v)[0]
 
 
-def _bench_ms(fn, reps: int = 10) -> float:
-    """Median time of ``fn`` in ms by CUDA events (the first call compiles and warms up)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+def _bench_ms(fn, reps: int = 10, device: str = "cuda") -> float:
+    """Median time of ``fn`` in ms over ``reps`` calls, by the suite's timing loop (CUDA
+    events, L2 flushed before each call, as the records are timed); the first call compiles
+    and warms up."""
+    from attnbench.measure.timing import TimingBudget, measure_interleaved
+
+    budget = TimingBudget(warmup_s=0.0, budget_s=0.0, min_reps=reps, max_reps=reps,
+                          min_warmup=1, method="events")
+    # no samplers: device-state readings per candidate would only slow the tuning down
+    return measure_interleaved([fn], device, budget, samplers=[])[0].median_ms
 
 
 # How a CUDA fault reads once raised: torch's own errors and Triton's launcher's. After one the

@@ -20,11 +20,12 @@ is at most one shape or one tuning candidate, so no task holds the others up):
   them here, in parallel with the Triton compiles, fills inductor's on-disk cache so the
   suite's step does not compile them on its critical path.
 
-Each worker process runs one task at a time, and each process is its own one-worker pool:
-a process that dies (a segfault) fails only the task it was running, and one whose task
-raised a CUDA fault (which poisons its CUDA context) is retired; both are replaced by a
-fresh process for the tasks still to run. ``GPU_CHECK_FAULTS=segv@I,cuda@J`` injects
-those faults into tasks I and J (indices in the task list) to rehearse this on a CPU.
+Every task runs in the correctness harness (``attnbench.measure.correctness``: the run's
+worker, one task at a time per process): a process that dies (a segfault) or hangs fails
+only the task it was running, and one whose task raised a CUDA fault (which poisons its
+CUDA context) is retired; both are replaced by a fresh process for the tasks still to run.
+``GPU_CHECK_FAULTS=segv@I,cuda@J`` injects those faults into tasks I and J (indices in the
+task list) to rehearse this on a CPU.
 
 Criteria: fp32 relative L2 <= a tenth of the suite's fp32 tolerance (the kernels multiply
 fp32 as three TF32 products); bf16/fp16 FlashAttention's: max-abs error <= 2 x that of naive
@@ -40,14 +41,12 @@ Usage: python scripts/gpu_correctness.py [--out FILE.json] [--jobs N] [--suite S
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
 import signal
 import sys
 import time
-import traceback
 
 # (batch, heads_q, heads_kv, seq_q, seq_k, d, d_v, mask)
 SHAPES = [
@@ -78,29 +77,21 @@ OTHER_BACKENDS = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "xformers"]
 FLEX_SHAPES = [0, 2]  # indices into SHAPES
 
 
-def _errors(got, ref):
-    import torch
-
-    a = got.detach().to(torch.float64)
-    diff = a - ref
-    den = float(ref.norm())
-    return float(diff.abs().max()), float(diff.norm()) / den if den > 0 else float(diff.norm())
-
-
 def _check(label, dtype, got, naive, ref, results):
-    from attnbench.core.dtypes import TOLERANCE_GRAD, TOLERANCE_OUT
+    """Triton's kernels, stricter than the harness's verdict (the module's criteria)."""
+    from attnbench.core.accuracy import errors, tolerance
 
     for name, expected in ref.items():
         t = got[name]
         finite = bool(t.isfinite().all())
-        mx, rel = _errors(t, expected)
+        mx, rel = errors(t, expected)
         if dtype == "float32":  # 3xTF32 products: a tenth of the suite's fp32 tolerance
-            tol = (TOLERANCE_OUT if name == "out" else TOLERANCE_GRAD)[dtype] / 10
+            tol = tolerance(dtype, name) / 10
             ok = finite and rel <= tol
             bound = f"rel<={tol:g}"
         else:
-            nmx, nrel = _errors(naive[name], expected)
-            tol = (TOLERANCE_OUT if name == "out" else TOLERANCE_GRAD)[dtype]
+            nmx, nrel = errors(naive[name], expected)
+            tol = tolerance(dtype, name)
             slack = 1e-3 * float(expected.abs().max())
             ok = finite and mx <= 2 * nmx + slack and rel <= tol
             bound = f"maxabs<=2*{nmx:.2e}+{slack:.1e}, rel<={tol:g}"
@@ -111,12 +102,16 @@ def _check(label, dtype, got, naive, ref, results):
 DEVICE = os.environ.get("ATTNBENCH_CHECK_DEVICE", "cuda")  # "cpu" only for --smoke
 
 
-def _inputs(shape, dtype, seed=0):
+def _case(shape, dtype, seed=0):
     from attnbench.core.case import Case
 
     B, Hq, Hk, Nq, Nk, D, Dv, mask = shape
-    case = Case(batch=B, heads_q=Hq, heads_kv=Hk, seq_q=Nq, seq_k=Nk, head_dim=D, head_dim_v=Dv,
+    return Case(batch=B, heads_q=Hq, heads_kv=Hk, seq_q=Nq, seq_k=Nk, head_dim=D, head_dim_v=Dv,
                 dtype=dtype, device=DEVICE, mask=mask, mode="fwd_bwd", seed=seed)
+
+
+def _inputs(shape, dtype, seed=0):
+    case = _case(shape, dtype, seed)
     return case, case.make_inputs()
 
 
@@ -200,30 +195,11 @@ def run_config(dtype, d, mask, kernel, index):
     return results
 
 
-def run_backend(shape, dtype, backend):
+def backend_task(shape, dtype, backend):
     """Another GPU backend through the harness: its record's status and errors."""
-    case, _ = _inputs(shape, dtype)
-    return run_case(case, backend)
+    from attnbench.measure.correctness import check_task
 
-
-def run_case(case, backend, label=None):
-    """One (case, backend) job through the harness, as the suite runs it: the record's
-    status and errors. A CUDA fault the harness caught is raised: it poisoned this process."""
-    from attnbench.implementations import triton_flash
-    from attnbench.measure.execute import CaseCache, execute
-    from attnbench.measure.timing import TimingBudget
-
-    rec = execute(case, backend, TimingBudget(0.0, 0.0, 1, 1, 1), CaseCache()).to_row()
-    status = rec["status"]
-    if status != "ok" and triton_flash.kernels().is_cuda_fault(
-            RuntimeError(str(rec.get("reason", "")))):
-        raise RuntimeError(rec["reason"])
-    ok = True if status == "ok" else None if status in ("unsupported", "unavailable") else False
-    errors = {k: v for k, v in rec.items() if k.startswith("err_impl") and v == v}
-    return [{"check": label or f"backend {backend} {case.dtype} {case.key}", "tensor": "-",
-             "ok": ok,
-             "status": status, **errors,
-             **({"error": rec.get("reason", "")} if ok is not True else {})}]
+    return check_task(_case(shape, dtype), backend)
 
 
 def task_label(kind, args) -> str:
@@ -237,54 +213,22 @@ def task_label(kind, args) -> str:
     return f"{kind} {args}"
 
 
-POISONED = ""  # set in a worker once one of its tasks raised a CUDA fault (injected or real)
+def noop(label):  # the scheduler's own tests: nothing but the harness's plumbing
+    return [{"check": label, "tensor": "-", "ok": True}]
 
 
-def _inject(fault: str, index: int) -> None:
-    """GPU_CHECK_FAULTS: what a real GPU may do, on demand (the rehearsal's tests)."""
-    global POISONED
-    if POISONED:  # what every later call of a poisoned process would meet
-        raise RuntimeError(f"CUDA error: an illegal memory access was encountered "
-                           f"(this process was poisoned by {POISONED})")
-    if fault == "segv":
-        os.kill(os.getpid(), signal.SIGSEGV)
-    if fault == "cuda":
-        POISONED = f"task {index}"
-        raise RuntimeError("CUDA error: an illegal memory access was encountered "
-                           "(injected by GPU_CHECK_FAULTS)")
+def as_task(kind, args):
+    """A task of the list as the harness's Task (run in its worker)."""
+    from attnbench.measure.correctness import Task, check_task
 
-
-def _task(kind, args, index=0, fault=""):
-    t0 = time.perf_counter()
-    try:
-        _inject(fault, index)
-        if kind == "noop":  # the scheduler's own tests: no torch in the worker
-            res = [{"check": task_label(kind, args), "tensor": "-", "ok": True}]
-        else:
-            run = {"shape": run_shape, "config": run_config, "backend": run_backend,
-                   "flex": lambda case: run_case(case, "flex", task_label("flex", (case,)))}
-            res = run[kind](*args)
-            if DEVICE == "cuda":  # an asynchronous fault surfaces in the task that caused it
-                __import__("torch").cuda.synchronize()
-    except Exception as exc:
-        res = [{"check": task_label(kind, args), "tensor": "-", "ok": False,
-                "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(),
-                "cuda_fault": _is_cuda_fault(exc)}]
-    for r in res:
-        r["task_s"] = round(time.perf_counter() - t0, 2)
-        r["task"] = index
-    return res
-
-
-def _is_cuda_fault(exc) -> bool:
-    if DEVICE != "cuda" and "CUDA error" in str(exc):  # the injected ones, on a CPU
-        return True
-    try:
-        from attnbench.implementations import triton_flash
-
-        return triton_flash.kernels().is_cuda_fault(exc)
-    except Exception:  # Triton missing: only the marker test
-        return "CUDA error" in str(exc)
+    label = task_label(kind, args)
+    if kind == "backend":
+        return backend_task(*args)
+    if kind == "flex":
+        return check_task(args[0], "flex", label)
+    if kind == "noop":
+        return Task(noop, (label,), label)
+    return Task({"shape": run_shape, "config": run_config}[kind], args, label)
 
 
 def parse_faults(spec: str, n_tasks: int) -> dict[int, str]:
@@ -310,53 +254,11 @@ def worker_count(requested: int | None = None) -> int:
 
 
 def run_tasks(tasks, jobs: int, faults: dict[int, str], on_result) -> dict:
-    """Run every task on ``jobs`` one-worker pools; ``on_result(results)`` after each task.
+    """Every (kind, args) task in the harness's workers (``correctness.run_tasks``)."""
+    from attnbench.measure import correctness
 
-    A pool whose process died fails only the task it was running (BrokenProcessPool) and is
-    replaced; a pool whose task raised a CUDA fault is retired and replaced, so the tasks
-    after it run in a clean process. Returns counts: crashed and retired processes."""
-    ctx = mp.get_context("spawn")
-    todo = list(range(len(tasks)))[::-1]  # popped from the end: the task list's order
-    running: dict[cf.Future, tuple[cf.ProcessPoolExecutor, int]] = {}
-    idle: list[cf.ProcessPoolExecutor] = []
-    stats = {"crashed": 0, "retired": 0}
-
-    def start(pool=None):
-        pool = pool or (idle.pop() if idle else cf.ProcessPoolExecutor(1, mp_context=ctx))
-        i = todo.pop()
-        kind, a = tasks[i]
-        running[pool.submit(_task, kind, a, i, faults.get(i, ""))] = (pool, i)
-
-    try:
-        while todo and len(running) < jobs:
-            start()
-        while running:
-            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-            for fut in done:
-                pool, i = running.pop(fut)
-                try:
-                    res = fut.result()
-                except cf.process.BrokenProcessPool:
-                    stats["crashed"] += 1
-                    res = [{"check": task_label(*tasks[i]), "tensor": "-", "ok": False,
-                            "task": i, "crashed": True,
-                            "error": "its worker process died while running it (e.g. a "
-                                     "segfault); the other tasks ran in fresh processes"}]
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    pool = None
-                if pool is not None and any(r.get("cuda_fault") for r in res):
-                    stats["retired"] += 1  # its CUDA context is poisoned: never reuse it
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    pool = None
-                on_result(res)
-                if todo:
-                    start(pool)
-                elif pool is not None:
-                    idle.append(pool)
-    finally:
-        for pool in idle + [p for p, _ in running.values()]:
-            pool.shutdown(wait=False, cancel_futures=True)
-    return stats
+    return correctness.run_tasks([as_task(kind, a) for kind, a in tasks], jobs, on_result,
+                                 faults)
 
 
 def suite_flex_jobs(suite_name: str | None, device: str) -> list:

@@ -92,3 +92,32 @@ def test_compare_fail_trips_on_a_planted_slowdown_and_not_against_itself(saved):
     same = bench(tmp, *gate, sleep_ms=BASE_SLEEP_MS)
     assert same.returncode == 0, same.stdout[-2000:] + same.stderr[-2000:]
     assert "Performance has regressed" not in same.stdout + same.stderr
+
+
+def test_benchmark_samples_come_from_the_timing_loop(monkeypatch):
+    """The benchmarks' samples are the run's timing loop's (its warm-up, stopping rule and
+    clock): a cold first call (500x the warm ones) is warm-up, never a sample, and sampling
+    stops by the loop's precision rule."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from attnbench.measure import timing
+    from attnbench.measure.timing import TimingBudget
+
+    spec = importlib.util.spec_from_file_location("_bench_attention",
+                                                  ROOT / "benchmarks" / "test_attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    now = [0.0]
+    costs = iter([0.5] + [0.001] * 1000)
+    monkeypatch.setattr(timing, "clock", lambda: now[0])
+
+    def fn():
+        now[0] += next(costs)
+
+    opened = SimpleNamespace(prepared=SimpleNamespace(fn=fn), inputs=SimpleNamespace(nbytes=0),
+                             record=SimpleNamespace(case=SimpleNamespace(device="cpu")))
+    budget = TimingBudget(warmup_s=0.01, budget_s=0.03, min_reps=3, max_reps=100)
+    samples, stop = module.samples_ms(opened, budget)
+    assert stop == "precision" and len(samples) == 6
+    assert samples == pytest.approx([1.0] * 6)

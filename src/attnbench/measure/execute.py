@@ -80,13 +80,14 @@ def same_twice(prepared: Prepared) -> bool:
                for k, v in second.items())
 
 
-def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
+def _open(case: Case, backend_name: str | Backend, cache: CaseCache, check: bool = True,
           determinism: bool = False) -> Record | Candidate:
     """Everything before timing: a final (non-ok) record, or a candidate. ``check=False``
-    (a repeat in a fresh process) skips the float64 check: the first process judged it."""
-    record = Record.new(case, backend_name, "ok")
+    (a repeat in a fresh process) skips the float64 check: the first process judged it.
+    ``backend_name`` may be a Backend itself (a test's stand-in for a registered one)."""
+    record = Record.new(case, getattr(backend_name, "name", backend_name), "ok")
     try:
-        backend = get_backend(backend_name)
+        backend = get_backend(backend_name) if isinstance(backend_name, str) else backend_name
     except KeyError as exc:
         return record.update(status="unavailable", reason=str(exc).strip("'\""))
     record.update(semantics=backend.semantics, backend_hash=backend.code_hash())
@@ -126,7 +127,7 @@ def _open(case: Case, backend_name: str, cache: CaseCache, check: bool = True,
     return Candidate(record, backend, prepared, inputs)
 
 
-def open_job(case: Case, backend_name: str, cache: CaseCache) -> Record | Candidate:
+def open_job(case: Case, backend_name: str | Backend, cache: CaseCache) -> Record | Candidate:
     """Availability, support, setup and the checked call of one pair, as a run does them:
     a final record (not ok, with its reason) or a candidate ready to time (whose record may
     say ``wrong``). The pytest-benchmark plugin (benchmarks/) times candidates its own way."""

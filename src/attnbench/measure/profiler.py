@@ -29,13 +29,14 @@ import json
 import re
 import shlex
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from attnbench.measure.timing import TimingBudget, measure_interleaved
 
 PROFILES = "profiles"
 OUTSIDE_OPERATORS = "(the call itself, outside any operator)"  # the region's own self time
@@ -45,6 +46,8 @@ TOP_ROWS = 8  # rows of the kernel table a record carries (the files hold all of
 DOMINANT_SHARE = 0.9
 PROFILE_S = 0.5  # profiled calls: enough for about this long ...
 MAX_CALLS = 5  # ... but at most this many
+# One timed call, no warm-up (the call before it warmed): a plain call beside a profiled one
+ONE_CALL = TimingBudget(warmup_s=0.0, budget_s=0.0, min_reps=1, max_reps=1, min_warmup=0)
 
 
 def profiled_calls(median_ms: float) -> int:
@@ -232,10 +235,9 @@ def profile_pair(fn: Callable[[], object], case, backend: str, median_ms: float,
         return prof
 
     def plain() -> float:
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        return (time.perf_counter() - t0) * 1e3
+        """One call timed as the record's samples were (the timing loop: CUDA events after
+        an L2 flush on a GPU, the timer's clock on a CPU)."""
+        return measure_interleaved([fn], dev, ONE_CALL, warm=True, samplers=[])[0].samples_ms[0]
 
     fn()  # warm: the memory measurement before may have handed pages back to the system
     sync()

@@ -155,6 +155,9 @@ def _serve(conn, threads: int | None, profile_dir: str | None = None) -> None:
             return
         if msg is None:
             return
+        if msg[0] == "call":  # a correctness task (measure/correctness.py), as isolated
+            conn.send(("done", msg[1](*msg[2])))
+            continue
         if msg[0] == "ceilings":
             with _uncapped():  # the device's ceilings, not a pair: --max-memory is for pairs
                 ceilings = measure_ceilings(*msg[1:])
@@ -350,25 +353,35 @@ class IsolatedExecutor:
 
     def _send_group(self, jobs, budget, timeout_s: float, repeat: bool = False,
                     claim: ClaimRounds | None = None, prior=None, until=None):
+        status, payload = self._exchange(("group", jobs, budget, repeat, claim, prior, until),
+                                         timeout_s, budget.setup_timeout_s)
+        if status == "done" and any(rec.info.get("context_lost") for rec in payload):
+            self._stop()  # the worker has ended; the next group gets a new one
+        return status, payload
+
+    def call(self, fn, args: tuple, timeout_s: float):
+        """``fn(*args)`` in the worker, isolated as a group is (the correctness harness's
+        tasks; ``fn`` must not raise): ("done", its value), ("crashed" or "timeout", why)."""
+        return self._exchange(("call", fn, args), timeout_s, timeout_s)
+
+    def _exchange(self, msg: tuple, timeout_s: float, setup_timeout_s: float):
         self._trim_log()
         if (self.proc is None or not self.proc.is_alive()) and \
-                not self._start(budget.setup_timeout_s):
-            return "timeout", setup_ran_out("the worker's start", budget.setup_timeout_s)
+                not self._start(setup_timeout_s):
+            return "timeout", setup_ran_out("the worker's start", setup_timeout_s)
         try:
-            self.conn.send(("group", jobs, budget, repeat, claim, prior, until))
+            self.conn.send(msg)
             phase = SETUP
             # each heartbeat restarts the limit, the bound of the phase it announces
-            while self.conn.poll(budget.setup_timeout_s if phase == SETUP else timeout_s):
+            while self.conn.poll(setup_timeout_s if phase == SETUP else timeout_s):
                 kind, payload = self.conn.recv()
                 if kind == "done":
-                    if any(rec.info.get("context_lost") for rec in payload):
-                        self._stop()  # the worker has ended; the next group gets a new one
                     return "done", payload
                 phase = payload
             self._stop(kill=True)
             if phase == SETUP:
                 return "timeout", setup_ran_out("inputs, reference, prepare and compile",
-                                                budget.setup_timeout_s)
+                                                setup_timeout_s)
             return "timeout", (f"the timed work gave no result within the {timeout_s:g} s "
                                f"limit (timeout_s); worker killed")
         except (EOFError, BrokenPipeError, ConnectionResetError):
