@@ -30,6 +30,7 @@ from attnbench.reporting import (
     findings,
     guide_lines,
     inputs_error,
+    panels,
     plots,
     sources,
     tables,
@@ -52,12 +53,6 @@ from attnbench.runs.suite import declared_comparisons
 from attnbench.stats import significance
 
 FACET = ["dtype", "mode"]
-CHART_KINDS = ("time", "speedup", "tflops", "memory", "error", "pareto")
-# the kinds left out, in this order, while the charts pass their budget; the last two only
-# where the pages alone leave too little of the report's budget
-LEAST_NEEDED = ("tflops", "memory", "pareto", "error")
-KIND_NAMES = {"tflops": "throughput", "memory": "memory", "pareto": "error against time",
-              "error": "error"}
 CHART_BUDGET = 900_000  # bytes of charts in one report, before kinds are left out
 REPORT_BUDGET = 1_500_000  # bytes of one report folder, pages and charts
 
@@ -167,10 +162,9 @@ class Report:
 
     def panel_set(self, c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame, facet: tuple
                   ) -> list[tuple[str, Figure]]:
+        """The registered panels that apply to one comparison's records of one dtype and
+        mode, drawn: (kind, figure) each."""
         dtype, mode = facet
-        lines = tables.line_columns(recs)
-        where = f"{dtype}, {mode}"
-        title = f"{c.name} ({where})"
         if not sp.empty:
             sp = sp[(sp["dtype"] == dtype) & (sp["mode"] == mode)]
         baseline = c.baseline or ""
@@ -179,35 +173,18 @@ class Report:
                                          (c.where | c.baseline_where).items()) + ")"
         goals = list({g["text"]: g for cl in self.claims.values()
                       for g in findings.goals(c, cl)}.values())
-        made = [
-            ("time", "Median time against N, 95% interval bands",
-             lambda p: plots.time_chart(recs, f"Time: {title}", p, lines, self.palette, where)),
-            ("speedup", f"Speedup over {baseline} with 95% intervals",
-             lambda p: plots.speedup_chart(
-                 sp, f"Speedup over {baseline}: {title}", p, lines, baseline, goals,
-                 self.palette, where) if c.baseline else None),
-            ("tflops", "TFLOP/s against N, with the measured matmul ceiling",
-             lambda p: plots.tflops_chart(recs, f"Throughput: {title}", p, lines,
-                                          self._ceilings(recs, dtype), self.palette, where)),
-            ("memory", "Peak memory against N, with the inputs+outputs floor and the N^2 "
-                       "score matrix",
-             lambda p: plots.memory_chart(recs, f"Memory: {title}", p, lines, self.palette,
-                                          where)),
-            ("error", "Error against the float64 evaluation, with the dtype's tolerance",
-             lambda p: plots.error_chart(recs, f"Error: {title}", p, lines, self.palette,
-                                         where)),
-            ("pareto", "Error against time at each N, the Pareto front marked",
-             lambda p: plots.pareto_chart(recs, f"Error vs time: {title}", p, lines,
-                                          self.palette, where)
-             if "semantics" in recs and (recs["semantics"] == "approximate").any() else None),
-        ]
+        view = panels.View(c.name, f"{dtype}, {mode}", recs, sp, tables.line_columns(recs),
+                           self.palette, baseline, goals, self._ceilings(recs, dtype))
         figures = []
-        for kind, caption, draw in made:
-            name = self.chart_name(kind, c, facet)
-            chart = draw(self.out / name)
+        for panel in panels.registered():
+            if not panel.applies(view):
+                continue
+            name = self.chart_name(panel.name, c, facet)
+            chart = panel.draw(view, self.out / name)
             if chart is not None:
                 self.files.append(name)
-                figures.append((kind, Figure(name, chart.alt, f"{caption}. ({name})")))
+                figures.append((panel.name, Figure(name, chart.alt,
+                                                   f"{panel.caption(view)}. ({name})")))
         return figures
 
     # ---- the document -----------------------------------------------------------------
@@ -255,7 +232,7 @@ class Report:
             said.append(f"{len(self.notes)} note(s) on comparisons left out")
         if self.left_out:
             n = sum(self.left_out.values())
-            kinds = ", ".join(f"{k} {KIND_NAMES[kind]}" for kind, k in self.left_out.items())
+            kinds = ", ".join(f"{k} {panels.label(kind)}" for kind, k in self.left_out.items())
             said.append(f"{n} chart(s) left out to keep the report small ({kinds})")
             self.aside.items.append([f"{n} chart(s) left out ({kinds}): the report would "
                                      f"pass its size budget ({CHART_BUDGET // 1000} kB of "
@@ -353,13 +330,14 @@ class Report:
 
     def fit_budget(self, budget: int | None = None) -> None:
         """Past ``budget`` bytes of charts, leave out the least needed kinds, whole kinds
-        at a time (a report never shows throughput for some comparisons only)."""
+        at a time (a report never shows throughput for some comparisons only), in the order
+        of the panels' priorities."""
         budget = CHART_BUDGET if budget is None else budget
 
         def size() -> int:
             return report_size(self.out, self.files)
 
-        for kind in LEAST_NEEDED:
+        for kind in panels.least_needed():
             if size() <= budget:
                 return
             for k, name, shown in [d for d in self.drawn if d[0] == kind]:
