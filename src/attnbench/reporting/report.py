@@ -23,6 +23,7 @@ from attnbench.analysis import comparisons
 from attnbench.analysis.claims import claims_table, pooled_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
+from attnbench.core.record import DEVICE_COLUMNS
 from attnbench.reporting import (
     answers,
     device_state_table,
@@ -50,7 +51,7 @@ from attnbench.reporting.document import (
 from attnbench.runs import dataset
 from attnbench.runs.record_files import write_atomic
 from attnbench.runs.suite import declared_comparisons
-from attnbench.stats import significance
+from attnbench.stats import pooling, significance
 
 FACET = ["dtype", "mode"]
 CHART_BUDGET = 900_000  # bytes of charts in one report, before kinds are left out
@@ -320,6 +321,7 @@ class Report:
                               "interpolated on log-log axes between the two sizes that "
                               "bracket it."]),
                         Table(cross)]
+        out += self._clocks(recs, lines)
         for facet, g in recs.groupby(FACET, sort=False):
             drawn = self.panel_set(c, g, sp, facet)
             if drawn:
@@ -327,6 +329,18 @@ class Report:
                 self.drawn += [(kind, f.file, shown) for kind, f in drawn]
                 out += [Heading(3, f"Charts: {c.name}, {' '.join(facet)}"), shown]
         return out
+
+    @staticmethod
+    def _clocks(recs: pd.DataFrame, lines: list[str]) -> list:
+        """Time beside the device's clock, where the records carry one: a slow figure may
+        be a lower clock rather than the code."""
+        clock = tables.clock_column(recs)
+        if clock is None:
+            return []
+        return [Heading(3, "Time and clock"),
+                Para([f"Median time (ms) with its 95% interval, and the clock it was measured "
+                      f"at ({clock}: {DEVICE_COLUMNS[clock]})."]),
+                Table(tables.pivot(recs, "time_ms_median", lines, clock))]
 
     def fit_budget(self, budget: int | None = None) -> None:
         """Past ``budget`` bytes of charts, leave out the least needed kinds, whole kinds
@@ -348,15 +362,22 @@ class Report:
                 self.left_out[kind] = self.left_out.get(kind, 0) + 1
 
     def _winners(self) -> list:
-        win = findings.winners(self.df, tables.line_columns(self.df))
+        lines = tables.line_columns(self.df)
+        pooled = len(self.runs) > 1 and "run_id" in lines
+        win = findings.pooled_winners(self.df, lines) if pooled else \
+            findings.winners(self.df, lines)
         if win.empty:
             return []
-        return [Heading(2, "Winners per problem"),
-                Para(["For every problem (case) two or more backends ran: the fastest ok "
-                      "backend, its margin over the runner-up (the runner-up's time over the "
-                      "winner's, 95% interval) and whether the margin is significant: "
-                      f"{significance.RULE}. Without a significant margin there is no winner."]),
-                Table(win)]
+        how = ("For every problem (case) two or more backends ran: the fastest ok "
+               "backend, its margin over the runner-up (the runner-up's time over the "
+               "winner's, 95% interval) and whether the margin is significant: "
+               f"{significance.RULE}. Without a significant margin there is no winner.")
+        if pooled:
+            how += (f" One row per problem over the {len(self.runs)} runs: the winner has the "
+                    "lowest median of the runs' median times, 'won in' counts the runs it "
+                    "was fastest in, and the margin pools the runs' intervals (" +
+                    pooling.describe(len(self.runs)) + ").")
+        return [Heading(2, "Winners per problem"), Para([how]), Table(win)]
 
     def _tables(self) -> list:
         df = self.df
@@ -388,17 +409,32 @@ class Report:
                Para([f"Rows: {', '.join(lines)}; columns: sequence length (seq_q/seq_k when "
                      f"they differ). Non-ok cells show the status; ~ marks a noisy record, "
                      f"WRONG a value above the tolerance. {tables.moving_caption(df)}".strip()])]
-        for m in metrics.tabulated():
-            if m.name not in df.columns or df[m.name].isna().all():
-                continue
+        present = [m for m in metrics.tabulated()
+                   if m.name in df.columns and not df[m.name].isna().all()]
+        shown = {m.name for m in present}
+        for m in present:
+            if FOLDED.get(m.name) in shown:
+                continue  # in brackets in its rate's table
             d = df
             if m.name.startswith("err_vs_softmax") and "semantics" in df.columns:
                 d = df[df["semantics"] == "approximate"]
                 if d.empty:
                     continue
-            out += [Heading(3, m.heading), Para([f"{m.how}."]),
-                    Table(tables.pivot(d, m.name, lines))]
+            table = tables.pivot(d, m.name, lines)
+            heading, how = m.heading, f"{m.how}."
+            share = next((metrics.get(f) for f, rate in FOLDED.items()
+                          if rate == m.name and f in shown), None)
+            if share is not None:
+                table = tables.folded(table, tables.pivot(d, share.name, lines))
+                heading += f", in brackets: {share.heading[0].lower()}{share.heading[1:]}"
+                how += f" In brackets: {share.how}."
+            out += [Heading(3, heading), Para([how]), Table(table)]
         return out
+
+
+# a share of a measured ceiling, shown in brackets beside the rate it divides (one table
+# per rate, not two with the same rows)
+FOLDED = {"frac_matmul": "tflops", "frac_bandwidth": "gbps"}
 
 
 MANIFEST = ".attnbench-report.json"  # the files a build wrote: the only ones it may remove
