@@ -235,7 +235,7 @@ def pooled_winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
         else:
             margin = ratio_text(pooled.interval)
             differs = significance.differs(pooled.interval)
-            significant = f"{'yes' if differs else 'no'} ({pooled.method_text()})"
+            significant = "yes" if differs else "no"  # how it was pooled: the caption
             if not differs:
                 row["winner"] = f"no winner ({w} or {r})"
         rest = [f"{b} {t / times.iloc[0]:.3g}x" for b, t in times.iloc[2:].items()] + rest

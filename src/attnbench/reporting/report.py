@@ -363,7 +363,9 @@ class Report:
 
     def _winners(self) -> list:
         lines = tables.line_columns(self.df)
-        pooled = len(self.runs) > 1 and "run_id" in lines
+        # replicates on one device pool; runs on different devices keep a row each
+        pooled = len(self.runs) > 1 and "run_id" in lines and \
+            len({r.device for r in self.runs}) == 1
         win = findings.pooled_winners(self.df, lines) if pooled else \
             findings.winners(self.df, lines)
         if win.empty:
