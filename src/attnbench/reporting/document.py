@@ -226,21 +226,39 @@ def _html_inline(parts: list[Inline]) -> str:
     return "".join(out)
 
 
+def _spans(index: list[tuple]) -> list[list[int]]:
+    """Per row and index level, how many rows its header cell spans: 0 where the cell above
+    covers it (the same value, under the same values of the levels to its left)."""
+    spans = [[0] * len(row) for row in index]
+    for level in range(len(index[0]) if index else 0):
+        start = 0
+        for i, row in enumerate(index):
+            if i == 0 or row[:level + 1] != index[i - 1][:level + 1]:
+                start = i
+            spans[start][level] += 1
+    return spans
+
+
 def _html_table(t: Table) -> str:
+    """A table as small as HTML allows: repeated row headers merged (rowspan), and the end
+    tags of cells and rows left out, which HTML makes optional."""
     frame = t.frame
     if frame.empty:
         return "<p>(none)</p>"
     has_index = not (isinstance(frame.index, pd.RangeIndex) and frame.index.name is None)
     index_names = [n or "" for n in frame.index.names] if has_index else []
-    head = "".join(f'<th scope="col">{esc(c)}</th>' for c in [*index_names, *frame.columns])
+    head = "".join(f"<th>{esc(c)}" for c in [*index_names, *frame.columns])
+    index = [tuple(_cell(v) for v in (i if isinstance(i, tuple) else (i,))) if has_index
+             else () for i in frame.index]
+    spans = _spans(index)
     body = []
-    for idx, row in zip(frame.index, frame.itertuples(index=False)):
-        idx = (idx if isinstance(idx, tuple) else (idx,)) if has_index else ()
-        cells = "".join(f'<th scope="row">{esc(_cell(i))}</th>' for i in idx)
-        cells += "".join(f"<td>{_html_cell(v)}</td>" for v in row)
-        body.append(f"<tr>{cells}</tr>")
+    for idx, span, row in zip(index, spans, frame.itertuples(index=False)):
+        cells = "".join(f"<th{f' rowspan={n}' if n > 1 else ''}>{esc(i)}"
+                        for i, n in zip(idx, span) if n)
+        cells += "".join(f"<td>{_html_cell(v)}" for v in row)
+        body.append(f"<tr>{cells}")
     caption = f"<caption>{esc(t.caption)}</caption>" if t.caption else ""
-    return (f'<div class="scroll"><table>{caption}<thead><tr>{head}</tr></thead>'
+    return (f'<div class="scroll"><table>{caption}<thead><tr>{head}</thead>'
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 

@@ -194,6 +194,64 @@ def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def pooled_winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
+    """``winners`` over several runs of the same problems, one row per problem: the winner
+    is the backend with the lowest median over runs of its ok times, its margin over the
+    runner-up pooled from each run's interval (``pooling.random_effects``), significant by
+    the one rule on the pooled interval; 'won in' counts the runs each was fastest in."""
+    problem = [c for c in lines if c not in ("backend", "run_id") and c in df.columns]
+    runs = df["run_id"].nunique()
+    rows = []
+    for _, g in df.groupby("key", sort=False):
+        if g["backend"].nunique() < 2:
+            continue
+        first = g.iloc[0]
+        row = {"N": tables.seq_label(first), "dtype": first["dtype"], "mode": first["mode"],
+               "mask": first["mask"]}
+        row |= {c: first[c] for c in problem if c not in row}
+        ok = g[(g["status"] == "ok") & g["time_ms_median"].notna()]
+        rest = [f"{b} {s} ({n} of {runs} runs)" for (b, s), n in
+                g[g["status"] != "ok"].groupby(["backend", "status"]).size().items()]
+        times = ok.groupby("backend")["time_ms_median"].median().sort_values()
+        if times.empty:
+            rows.append(row | {"winner": DASH, "won in": DASH, "time (ms)": DASH,
+                               "runner-up": DASH, "margin [95% interval]": DASH,
+                               "significant": DASH, "others": "; ".join(rest)})
+            continue
+        best = ok.loc[ok.groupby("run_id")["time_ms_median"].idxmin(), "backend"]
+        w = times.index[0]
+        row |= {"winner": w, "won in": f"{int((best == w).sum())} of {runs} runs",
+                "time (ms)": f"{times.iloc[0]:.4g}"}
+        if len(times) < 2:
+            rows.append(row | {"runner-up": DASH, "margin [95% interval]": "only ok backend",
+                               "significant": DASH, "others": "; ".join(rest)})
+            continue
+        r = times.index[1]
+        per_run = [ratios.ratio_interval(b.iloc[0], a.iloc[0])
+                   for _, (a, b) in _sides(ok, w, r)]
+        pooled = pooling.random_effects(per_run)
+        if pooled is None:
+            margin, significant = "fewer than 2 runs with an interval", "n/a"
+        else:
+            margin = ratio_text(pooled.interval)
+            differs = significance.differs(pooled.interval)
+            significant = "yes" if differs else "no"  # how it was pooled: the caption
+            if not differs:
+                row["winner"] = f"no winner ({w} or {r})"
+        rest = [f"{b} {t / times.iloc[0]:.3g}x" for b, t in times.iloc[2:].items()] + rest
+        rows.append(row | {"runner-up": r, "margin [95% interval]": margin,
+                           "significant": significant, "others": "; ".join(rest)})
+    return pd.DataFrame(rows)
+
+
+def _sides(ok: pd.DataFrame, a: str, b: str):
+    """Per run holding ok records of both backends: (run, (a's records, b's records))."""
+    for run, g in ok.groupby("run_id", sort=False):
+        ra, rb = g[g["backend"] == a], g[g["backend"] == b]
+        if not ra.empty and not rb.empty:
+            yield run, (ra, rb)
+
+
 # ---- exponents -------------------------------------------------------------------------
 
 

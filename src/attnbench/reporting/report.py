@@ -23,6 +23,7 @@ from attnbench.analysis import comparisons
 from attnbench.analysis.claims import claims_table, pooled_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
+from attnbench.core.record import DEVICE_COLUMNS
 from attnbench.reporting import (
     answers,
     device_state_table,
@@ -30,6 +31,7 @@ from attnbench.reporting import (
     findings,
     guide_lines,
     inputs_error,
+    panels,
     plots,
     sources,
     tables,
@@ -49,15 +51,9 @@ from attnbench.reporting.document import (
 from attnbench.runs import dataset
 from attnbench.runs.record_files import write_atomic
 from attnbench.runs.suite import declared_comparisons
-from attnbench.stats import significance
+from attnbench.stats import pooling, significance
 
 FACET = ["dtype", "mode"]
-CHART_KINDS = ("time", "speedup", "tflops", "memory", "error", "pareto")
-# the kinds left out, in this order, while the charts pass their budget; the last two only
-# where the pages alone leave too little of the report's budget
-LEAST_NEEDED = ("tflops", "memory", "pareto", "error")
-KIND_NAMES = {"tflops": "throughput", "memory": "memory", "pareto": "error against time",
-              "error": "error"}
 CHART_BUDGET = 900_000  # bytes of charts in one report, before kinds are left out
 REPORT_BUDGET = 1_500_000  # bytes of one report folder, pages and charts
 
@@ -167,10 +163,9 @@ class Report:
 
     def panel_set(self, c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame, facet: tuple
                   ) -> list[tuple[str, Figure]]:
+        """The registered panels that apply to one comparison's records of one dtype and
+        mode, drawn: (kind, figure) each."""
         dtype, mode = facet
-        lines = tables.line_columns(recs)
-        where = f"{dtype}, {mode}"
-        title = f"{c.name} ({where})"
         if not sp.empty:
             sp = sp[(sp["dtype"] == dtype) & (sp["mode"] == mode)]
         baseline = c.baseline or ""
@@ -179,35 +174,18 @@ class Report:
                                          (c.where | c.baseline_where).items()) + ")"
         goals = list({g["text"]: g for cl in self.claims.values()
                       for g in findings.goals(c, cl)}.values())
-        made = [
-            ("time", "Median time against N, 95% interval bands",
-             lambda p: plots.time_chart(recs, f"Time: {title}", p, lines, self.palette, where)),
-            ("speedup", f"Speedup over {baseline} with 95% intervals",
-             lambda p: plots.speedup_chart(
-                 sp, f"Speedup over {baseline}: {title}", p, lines, baseline, goals,
-                 self.palette, where) if c.baseline else None),
-            ("tflops", "TFLOP/s against N, with the measured matmul ceiling",
-             lambda p: plots.tflops_chart(recs, f"Throughput: {title}", p, lines,
-                                          self._ceilings(recs, dtype), self.palette, where)),
-            ("memory", "Peak memory against N, with the inputs+outputs floor and the N^2 "
-                       "score matrix",
-             lambda p: plots.memory_chart(recs, f"Memory: {title}", p, lines, self.palette,
-                                          where)),
-            ("error", "Error against the float64 evaluation, with the dtype's tolerance",
-             lambda p: plots.error_chart(recs, f"Error: {title}", p, lines, self.palette,
-                                         where)),
-            ("pareto", "Error against time at each N, the Pareto front marked",
-             lambda p: plots.pareto_chart(recs, f"Error vs time: {title}", p, lines,
-                                          self.palette, where)
-             if "semantics" in recs and (recs["semantics"] == "approximate").any() else None),
-        ]
+        view = panels.View(c.name, f"{dtype}, {mode}", recs, sp, tables.line_columns(recs),
+                           self.palette, baseline, goals, self._ceilings(recs, dtype))
         figures = []
-        for kind, caption, draw in made:
-            name = self.chart_name(kind, c, facet)
-            chart = draw(self.out / name)
+        for panel in panels.registered():
+            if not panel.applies(view):
+                continue
+            name = self.chart_name(panel.name, c, facet)
+            chart = panel.draw(view, self.out / name)
             if chart is not None:
                 self.files.append(name)
-                figures.append((kind, Figure(name, chart.alt, f"{caption}. ({name})")))
+                figures.append((panel.name, Figure(name, chart.alt,
+                                                   f"{panel.caption(view)}. ({name})")))
         return figures
 
     # ---- the document -----------------------------------------------------------------
@@ -255,7 +233,7 @@ class Report:
             said.append(f"{len(self.notes)} note(s) on comparisons left out")
         if self.left_out:
             n = sum(self.left_out.values())
-            kinds = ", ".join(f"{k} {KIND_NAMES[kind]}" for kind, k in self.left_out.items())
+            kinds = ", ".join(f"{k} {panels.label(kind)}" for kind, k in self.left_out.items())
             said.append(f"{n} chart(s) left out to keep the report small ({kinds})")
             self.aside.items.append([f"{n} chart(s) left out ({kinds}): the report would "
                                      f"pass its size budget ({CHART_BUDGET // 1000} kB of "
@@ -343,6 +321,7 @@ class Report:
                               "interpolated on log-log axes between the two sizes that "
                               "bracket it."]),
                         Table(cross)]
+        out += self._clocks(recs, lines)
         for facet, g in recs.groupby(FACET, sort=False):
             drawn = self.panel_set(c, g, sp, facet)
             if drawn:
@@ -351,15 +330,28 @@ class Report:
                 out += [Heading(3, f"Charts: {c.name}, {' '.join(facet)}"), shown]
         return out
 
+    @staticmethod
+    def _clocks(recs: pd.DataFrame, lines: list[str]) -> list:
+        """Time beside the device's clock, where the records carry one: a slow figure may
+        be a lower clock rather than the code."""
+        clock = tables.clock_column(recs)
+        if clock is None:
+            return []
+        return [Heading(3, "Time and clock"),
+                Para([f"Median time (ms) with its 95% interval, and the clock it was measured "
+                      f"at ({clock}: {DEVICE_COLUMNS[clock]})."]),
+                Table(tables.pivot(recs, "time_ms_median", lines, clock))]
+
     def fit_budget(self, budget: int | None = None) -> None:
         """Past ``budget`` bytes of charts, leave out the least needed kinds, whole kinds
-        at a time (a report never shows throughput for some comparisons only)."""
+        at a time (a report never shows throughput for some comparisons only), in the order
+        of the panels' priorities."""
         budget = CHART_BUDGET if budget is None else budget
 
         def size() -> int:
             return report_size(self.out, self.files)
 
-        for kind in LEAST_NEEDED:
+        for kind in panels.least_needed():
             if size() <= budget:
                 return
             for k, name, shown in [d for d in self.drawn if d[0] == kind]:
@@ -370,15 +362,24 @@ class Report:
                 self.left_out[kind] = self.left_out.get(kind, 0) + 1
 
     def _winners(self) -> list:
-        win = findings.winners(self.df, tables.line_columns(self.df))
+        lines = tables.line_columns(self.df)
+        # replicates on one device pool; runs on different devices keep a row each
+        pooled = len(self.runs) > 1 and "run_id" in lines and \
+            len({r.device for r in self.runs}) == 1
+        win = findings.pooled_winners(self.df, lines) if pooled else \
+            findings.winners(self.df, lines)
         if win.empty:
             return []
-        return [Heading(2, "Winners per problem"),
-                Para(["For every problem (case) two or more backends ran: the fastest ok "
-                      "backend, its margin over the runner-up (the runner-up's time over the "
-                      "winner's, 95% interval) and whether the margin is significant: "
-                      f"{significance.RULE}. Without a significant margin there is no winner."]),
-                Table(win)]
+        how = ("For every problem (case) two or more backends ran: the fastest ok "
+               "backend, its margin over the runner-up (the runner-up's time over the "
+               "winner's, 95% interval) and whether the margin is significant: "
+               f"{significance.RULE}. Without a significant margin there is no winner.")
+        if pooled:
+            how += (f" One row per problem over the {len(self.runs)} runs: the winner has the "
+                    "lowest median of the runs' median times, 'won in' counts the runs it "
+                    "was fastest in, and the margin pools the runs' intervals (" +
+                    pooling.describe(len(self.runs)) + ").")
+        return [Heading(2, "Winners per problem"), Para([how]), Table(win)]
 
     def _tables(self) -> list:
         df = self.df
@@ -410,17 +411,32 @@ class Report:
                Para([f"Rows: {', '.join(lines)}; columns: sequence length (seq_q/seq_k when "
                      f"they differ). Non-ok cells show the status; ~ marks a noisy record, "
                      f"WRONG a value above the tolerance. {tables.moving_caption(df)}".strip()])]
-        for m in metrics.tabulated():
-            if m.name not in df.columns or df[m.name].isna().all():
-                continue
+        present = [m for m in metrics.tabulated()
+                   if m.name in df.columns and not df[m.name].isna().all()]
+        shown = {m.name for m in present}
+        for m in present:
+            if FOLDED.get(m.name) in shown:
+                continue  # in brackets in its rate's table
             d = df
             if m.name.startswith("err_vs_softmax") and "semantics" in df.columns:
                 d = df[df["semantics"] == "approximate"]
                 if d.empty:
                     continue
-            out += [Heading(3, m.heading), Para([f"{m.how}."]),
-                    Table(tables.pivot(d, m.name, lines))]
+            table = tables.pivot(d, m.name, lines)
+            heading, how = m.heading, f"{m.how}."
+            share = next((metrics.get(f) for f, rate in FOLDED.items()
+                          if rate == m.name and f in shown), None)
+            if share is not None:
+                table = tables.folded(table, tables.pivot(d, share.name, lines))
+                heading += f", in brackets: {share.heading[0].lower()}{share.heading[1:]}"
+                how += f" In brackets: {share.how}."
+            out += [Heading(3, heading), Para([how]), Table(table)]
         return out
+
+
+# a share of a measured ceiling, shown in brackets beside the rate it divides (one table
+# per rate, not two with the same rows)
+FOLDED = {"frac_matmul": "tflops", "frac_bandwidth": "gbps"}
 
 
 MANIFEST = ".attnbench-report.json"  # the files a build wrote: the only ones it may remove

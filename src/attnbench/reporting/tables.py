@@ -20,6 +20,7 @@ STATUS_SHORT = {"unavailable": "n/a", "unsupported": "unsup", "skipped": "skip"}
 ALWAYS = ["dtype", "mask", "mode", "backend"]
 SIZE_COLUMNS = ("seq_q", "seq_k")  # the table's columns, never part of a line
 NOT_LINES = ("device", "block_pairs")  # device: one per run; block_pairs: lists
+CLOCKS = ("gpu_sm_mhz", "cpu_mhz_begin")  # a record's device clock: GPU SM first, else CPU
 
 
 def line_columns(df: pd.DataFrame) -> list[str]:
@@ -94,9 +95,23 @@ def _cell(row, value_col: str) -> str:
     return STATUS_SHORT.get(row["status"], row["status"])
 
 
+def clock_column(df: pd.DataFrame) -> str | None:
+    """The clock these records carry (GPU SM clock first, else CPU frequency), or None."""
+    return next((c for c in CLOCKS if c in df.columns
+                 and pd.to_numeric(df[c], errors="coerce").notna().any()), None)
+
+
+def _clock(row, column: str | None) -> str:
+    value = pd.to_numeric(row.get(column), errors="coerce") if column else None
+    if value is None or pd.isna(value) or row["status"] not in ("ok", "wrong"):
+        return ""
+    return f" at {value:.0f} MHz"
+
+
 def pivot(df: pd.DataFrame, value_col: str = "time_ms_median",
-          lines: list[str] | None = None) -> pd.DataFrame:
-    """One row per line (``line_columns``), one column per sequence length."""
+          lines: list[str] | None = None, clock: str | None = None) -> pd.DataFrame:
+    """One row per line (``line_columns``), one column per sequence length; with ``clock``
+    (a column of ``CLOCKS``), each measured cell says the clock it was measured at."""
     if df.empty:
         return pd.DataFrame()
     lines = [c for c in (lines or line_columns(df)) if c in df.columns]
@@ -104,11 +119,26 @@ def pivot(df: pd.DataFrame, value_col: str = "time_ms_median",
     for c in lines:  # NaN (e.g. scale=None) would drop the row from a pivot
         d[c] = d[c].astype(object).where(d[c].notna(), "-")
     d["N"] = d.apply(seq_label, axis=1)
-    d["cell"] = d.apply(lambda r: _cell(r, value_col), axis=1)
+    d["cell"] = d.apply(lambda r: _cell(r, value_col) + _clock(r, clock), axis=1)
     order = (d.drop_duplicates("N").sort_values(["seq_q", "seq_k"])["N"].tolist())
     table = d.pivot_table(index=lines, columns="N", values="cell",
                           aggfunc=lambda cells: " | ".join(cells))  # never drop a record
     return table.reindex(columns=order).fillna("")
+
+
+def folded(rates: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame:
+    """Each cell of ``rates`` with the same cell of ``shares`` in brackets, where both hold
+    a value (a status or an empty cell stays as it was)."""
+    shares = shares.reindex(index=rates.index, columns=rates.columns).fillna("")
+
+    def one(rate: str, share: str) -> str:
+        share = share.removesuffix(" ~")  # the rate already says noisy
+        return f"{rate} ({share})" if rate and share and rate != share else rate
+
+    return pd.DataFrame([[one(a, b) for a, b in zip(ra, sh)]
+                         for ra, sh in zip(rates.itertuples(index=False),
+                                           shares.itertuples(index=False))],
+                        index=rates.index, columns=rates.columns)
 
 
 def to_text(table: pd.DataFrame) -> str:

@@ -268,7 +268,7 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
     oom = OomTracker()
     with record_files.RecordWriter(run_dir) as writer:
         for group in job_groups(list(bar.iterable), suite.claims, suite.comparisons):
-            case0, backend0 = group[0]
+            case0 = group[0][0]
             bar.set_postfix_str(f"{'+'.join(b for _, b in group)} {case0.mask} {case0.mode} "
                                 f"N={case0.seq_q}", refresh=False)
             skipped, todo = [], []
