@@ -220,3 +220,20 @@ def test_a_model_run_gets_an_html_report_with_charts_and_a_table(tmp_path):
     table = summary(MODEL_RUN)
     assert "train vs sdpa" in table.splitlines()[0] and "minilm b2 N=256" in table
     assert len(table.splitlines()) == 1 + 6 + 5  # header, minilm's and llama3's backends
+
+
+def test_answers_name_each_crossover_by_its_line_and_drop_unsignificant_ones():
+    import pandas as pd
+
+    from attnbench.reporting.answers import crossover_text
+
+    rows = []
+    for dtype, ups, sig in [("float32", [0.5, 0.8, 1.5, 2.0], True),
+                            ("bfloat16", [0.9, 1.1, 0.95, 1.05], False)]:
+        for n, up in zip([128, 256, 512, 1024], ups):
+            rows.append({"backend": "fast", "dtype": dtype, "mode": "fwd", "seq_q": n,
+                         "seq_k": n, "speedup": up, "significant": sig})
+    said = crossover_text(pd.DataFrame(rows), ["dtype", "mode", "backend"], "base")
+    assert said.count("overtakes base") == 1
+    assert "float32" in said and "bfloat16" not in said
+    assert "between 256 and 512" in said

@@ -14,17 +14,25 @@ from attnbench.reporting.plots import n_label
 INDEX_WIDTH = 120  # characters of a headline in the index
 
 
+CROSSOVER_FIELDS = ("backend", "crossover N", "between", "what happens",
+                    "both sides significant")
+
+
 def crossover_text(sp: pd.DataFrame, lines: list[str], baseline: str) -> str:
-    """'fast overtakes base near N = 1448 (between 1K and 2K)', joined by '; ', or ''."""
+    """'fast overtakes base near N = 1448 (between 1K and 2K; float32 fwd)', joined by '; ',
+    or '': only crossings significant on both sides, each named by its line."""
     cross = findings.crossovers(sp, lines, baseline)
     if cross.empty:
         return ""
-    found = cross[cross["crossover N"] != findings.DASH]
+    found = cross[(cross["crossover N"] != findings.DASH)
+                  & (cross["both sides significant"] == "yes")]
     said = []
     for _, r in found.iterrows():
-        who = str(r["backend"])
-        said.append(f"{who} {r['what happens']} near N = {r['crossover N'].lstrip('~')} "
-                    f"(between {r['between']})")
+        line = " ".join(str(r[c]) for c in cross.columns
+                        if c not in CROSSOVER_FIELDS and pd.notna(r[c]))
+        where = f"between {r['between']}" + (f"; {line}" if line else "")
+        said.append(f"{r['backend']} {r['what happens']} near N = "
+                    f"{r['crossover N'].lstrip('~')} ({where})")
     return "; ".join(dict.fromkeys(said))
 
 
