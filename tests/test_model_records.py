@@ -256,3 +256,10 @@ def test_resume_with_retry_measures_unavailable_pairs_again(write_suite, tmp_pat
         assert main(["model", *argv, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip()
         assert said in err and "\n" not in err, err
+
+
+def test_compare_reads_an_older_model_run(capsys):
+    """models-1 lines are converted on reading, so compare joins them on their keys."""
+    assert main(["compare", str(OLD_RUN), str(OLD_RUN)]) == 0
+    out = capsys.readouterr().out
+    assert "40 joined records, 40 with the metric in both runs: 0 worse, 0 better" in out

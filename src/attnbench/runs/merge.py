@@ -20,7 +20,7 @@ import pandas as pd
 
 from attnbench.core.errors import BadInput
 from attnbench.core.record import FORMAT_VERSION
-from attnbench.runs import rank_folders, record_files
+from attnbench.runs import model_records, rank_folders, record_files
 
 SOURCES = "merged_from"
 
@@ -142,6 +142,8 @@ def pick(path: str | Path, wanted: str | None = None) -> tuple[dict, pd.DataFram
     dataset (a dataset of one run needs no name)."""
     path = Path(path)
     df = record_files.load_results(path)
+    if "format" in df.columns and (df["format"] == model_records.OLD_FORMAT).any():
+        df = pd.DataFrame(model_records.read_model_records(path))  # an older model run
     meta = record_files.read_meta(path)
     found = parts(meta, df)
     own = str(meta.get("run_id") or path.name)
