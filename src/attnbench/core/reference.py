@@ -150,6 +150,10 @@ def softmax_reference(q, k, v, mask: MaskSpec, scale: float | None = None,
 def case_reference(case, inputs, need_grads: bool | None = None) -> RefResult:
     """Exact softmax reference of a case (its mask, its block layout)."""
     grads = case.needs_grad if need_grads is None else need_grads
+    if case.page_size:  # a paged decode step: each sequence against its own context
+        from attnbench.core.reference_paged import case_paged_reference
+
+        return case_paged_reference(case, inputs)
     if case.lengths:  # a packed batch: each document on its own
         from attnbench.core.reference_varlen import case_varlen_reference
 
