@@ -56,9 +56,12 @@ def paged_naive(case, inputs):
                                       case.mask == "causal")  # (B, 1, Nq, Np)
     scale, group = case.softmax_scale, case.group_size
 
+    gather_k = _paged.gatherer(pc.k_pool, pc.block_table)
+    gather_v = _paged.gatherer(pc.v_pool, pc.block_table)
+
     def naive_paged(q, k, v):
-        k = repeat_kv(_paged.gather(pc.k_pool, pc.block_table), group)  # (B, Hq, Np, D)
-        v = repeat_kv(_paged.gather(pc.v_pool, pc.block_table), group)  # (B, Hq, Np, Dv)
+        k = repeat_kv(gather_k(), group)  # (B, Hq, Np, D)
+        v = repeat_kv(gather_v(), group)  # (B, Hq, Np, Dv)
         s = torch.matmul(q * scale, k.transpose(-1, -2))  # (B, Hq, Nq, Np)
         s.masked_fill_(blocked, float("-inf"))
         return torch.matmul(torch.softmax(s, dim=-1), v)  # (B, Hq, Nq, Dv)

@@ -247,9 +247,11 @@ def paged_sdpa(case, inputs):
     if case.heads_q != case.heads_kv:
         kwargs["enable_gqa"] = True
 
+    gather_k = _paged.gatherer(pc.k_pool, pc.block_table)
+    gather_v = _paged.gatherer(pc.v_pool, pc.block_table)
+
     def sdpa_paged(q, k, v):
-        k = _paged.gather(pc.k_pool, pc.block_table)  # (B, Hkv, Np, D)
-        v = _paged.gather(pc.v_pool, pc.block_table)  # (B, Hkv, Np, Dv)
+        k, v = gather_k(), gather_v()  # (B, Hkv, Np, D|Dv)
         return F.scaled_dot_product_attention(q, k, v, **kwargs)  # (B, Hq, Nq, Dv)
 
     return sdpa_paged
