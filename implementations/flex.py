@@ -6,7 +6,10 @@ causal and windows bottom-right aligned (``off = seq_k - seq_q``; query i sees k
 (n_q_blocks, n_k_blocks) layout with ``(q_idx // block_size, kv_idx // block_size)``, the
 same layouts the block_sparse backend uses. GQA through ``enable_gqa``. A packed batch
 (``lengths``) gets a document mask read from a (B, N) document-id tensor built from the
-offsets, one BlockMask per row.
+offsets, one BlockMask per row. A paged cache (``page_size``) is read in place: K and V are
+the whole pool, and the mask translates each pool slot to its sequence's logical position
+through the inverse of the block table (``paged_flex``), so the BlockMask skips every pool
+block sequence b does not own.
 
 Compilation happens once per (shape, mask) in ``prepare``: the first call (forward, plus
 backward in backward modes) is timed on its own and recorded as ``compile_s``; the timed
@@ -29,6 +32,7 @@ import torch
 
 from attnbench.core.backend import ALL_MASKS, Backend, Capabilities, wrap_mode
 from attnbench.core.masks import INF
+from attnbench.implementations import _paged
 from attnbench.implementations._varlen import document_ids
 
 # Per device type: dtypes, modes and smallest head dim the compiled kernel accepts.
@@ -139,6 +143,7 @@ class Flex(Backend):
         dtypes=("float32", "float16", "bfloat16"),
         masks=ALL_MASKS,
         lengths=True,
+        paged=True,
     )
 
     def is_available(self):
@@ -176,6 +181,8 @@ class Flex(Backend):
     def build(self, case, inputs):
         from torch.nn.attention.flex_attention import create_block_mask
 
+        if case.page_size:
+            return paged_flex(case, inputs, self.kernel())
         device = inputs.q.device
         mask_mod = mask_mod_for(case, device)
         block_mask = None
@@ -198,6 +205,47 @@ class Flex(Backend):
         prepared = wrap_mode(f, case, inputs)
         prepared.extras["compile_s"] = compile_s
         return prepared
+
+
+def paged_mask_mod(case, pc):
+    """mask_mod over the pool's slots: slot kv_idx is page kv_idx // page_size; sequence b
+    sees it iff b owns that page, its logical position is inside b's context, and (causal)
+    not past query i's position (bottom-right aligned on the context)."""
+    p2l = _paged.physical_to_logical(pc)  # (B, P)
+    ctx = pc.context  # (B,)
+    ps, nq, causal = case.page_size, case.seq_q, case.mask == "causal"
+
+    def paged(b, h, q_idx, kv_idx):
+        page = p2l[b, kv_idx // ps]
+        logical = page * ps + kv_idx % ps
+        ok = (page >= 0) & (logical < ctx[b])
+        if causal:
+            ok = ok & (logical <= q_idx + ctx[b] - nq)
+        return ok
+
+    return paged
+
+
+def paged_flex(case, inputs, flex):
+    """flex over the pool in place: K, V (1, Hkv, P * page_size, D) broadcast over the
+    batch, the block table's translation in the mask (``paged_mask_mod``). The pool is
+    built at setup and put in flex's head-major layout there; k, v are not read."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    pc = _paged.setup(case, inputs)
+    P, ps, H, _ = pc.k_pool.shape
+    kp = pc.k_pool.reshape(P * ps, H, -1).transpose(0, 1)[None].contiguous()  # (1, Hkv, S, D)
+    vp = pc.v_pool.reshape(P * ps, H, -1).transpose(0, 1)[None].contiguous()  # (1, Hkv, S, Dv)
+    B = case.batch
+    block_mask = create_block_mask(paged_mask_mod(case, pc), B, None, case.seq_q, P * ps,
+                                   device=inputs.q.device)
+    scale, gqa = case.softmax_scale, case.heads_q != case.heads_kv
+
+    def flex_paged(q, k, v):
+        return flex(q, kp.expand(B, -1, -1, -1), vp.expand(B, -1, -1, -1),
+                    block_mask=block_mask, scale=scale, enable_gqa=gqa)  # (B, Hq, Nq, Dv)
+
+    return flex_paged
 
 
 def _first_call(f, case, inputs) -> float:

@@ -10,15 +10,19 @@ import torch
 from attnbench.core.backend import Backend, Capabilities
 from attnbench.core.heads import repeat_kv
 from attnbench.core.masks import allowed_rows
+from attnbench.implementations import _paged
 from attnbench.implementations._varlen import document_allowed
 
 
 class Naive(Backend):
     name = "naive"
     description = "softmax(Q K^T * scale) V with the full score matrix; GQA by repeating K/V"
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True)
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True,
+                        paged=True)
 
     def build(self, case, inputs):
+        if case.page_size:
+            return paged_naive(case, inputs)
         if case.lengths:  # a packed batch: the block-diagonal (document) mask, (B, 1, N, N)
             allowed = document_allowed(case, inputs.q.device)
         else:
@@ -41,6 +45,28 @@ class Naive(Backend):
             return torch.matmul(p, v)  # (B, Hq, Nq, Dv)
 
         return naive
+
+
+def paged_naive(case, inputs):
+    """A paged decode step: gather each sequence's pages by the block table, then textbook
+    attention with its context's mask. The pool is built at setup; k, v are not read."""
+    pc = _paged.setup(case, inputs)
+    Np = pc.block_table.shape[1] * case.page_size
+    blocked = ~_paged.context_allowed(pc.context, case.seq_q, Np,
+                                      case.mask == "causal")  # (B, 1, Nq, Np)
+    scale, group = case.softmax_scale, case.group_size
+
+    gather_k = _paged.gatherer(pc.k_pool, pc.block_table)
+    gather_v = _paged.gatherer(pc.v_pool, pc.block_table)
+
+    def naive_paged(q, k, v):
+        k = repeat_kv(gather_k(), group)  # (B, Hq, Np, D)
+        v = repeat_kv(gather_v(), group)  # (B, Hq, Np, Dv)
+        s = torch.matmul(q * scale, k.transpose(-1, -2))  # (B, Hq, Nq, Np)
+        s.masked_fill_(blocked, float("-inf"))
+        return torch.matmul(torch.softmax(s, dim=-1), v)  # (B, Hq, Nq, Dv)
+
+    return naive_paged
 
 
 BACKENDS = [Naive()]

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from attnbench.core.backend import Backend, Capabilities, wrap_mode
 from attnbench.core.heads import repeat_kv
 from attnbench.core.masks import allowed_rows
+from attnbench.implementations import _paged
 from attnbench.implementations._varlen import flat_offsets, from_tokens_major, tokens_major
 
 # ATen ops that identify the SDPA kernel that ran, and their short names.
@@ -235,18 +236,42 @@ def nested_problem(dtype: str, device: str, causal: bool, grad: bool) -> str:
     return ""
 
 
+def paged_sdpa(case, inputs):
+    """The paged baseline: gather each sequence's pages by the block table into a
+    contiguous cache (part of the timed call, as a kernel without paging pays it), then sdpa
+    with each sequence's context mask. The pool is built at setup; k, v are not read."""
+    pc = _paged.setup(case, inputs)
+    Np = pc.block_table.shape[1] * case.page_size
+    kwargs = {"scale": case.softmax_scale, "attn_mask": _paged.context_allowed(
+        pc.context, case.seq_q, Np, case.mask == "causal")}  # (B, 1, Nq, Np)
+    if case.heads_q != case.heads_kv:
+        kwargs["enable_gqa"] = True
+
+    gather_k = _paged.gatherer(pc.k_pool, pc.block_table)
+    gather_v = _paged.gatherer(pc.v_pool, pc.block_table)
+
+    def sdpa_paged(q, k, v):
+        k, v = gather_k(), gather_v()  # (B, Hkv, Np, D|Dv)
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)  # (B, Hq, Nq, Dv)
+
+    return sdpa_paged
+
+
 class Sdpa(Backend):
     name = "sdpa"
     description = "torch scaled_dot_product_attention, kernel chosen by PyTorch"
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True)
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True,
+                        paged=True)
 
     def extra_reasons(self, case):
-        if not case.lengths:
+        if not case.lengths or case.page_size:
             return []
         why = nested_problem(case.dtype, case.device, case.mask == "causal", case.needs_grad)
         return [why] if why else []
 
     def build(self, case, inputs):
+        if case.page_size:  # a paged cache: gathered to a contiguous one, then sdpa
+            return paged_sdpa(case, inputs)
         if case.lengths:  # a packed batch: over nested jagged tensors
             return nested_sdpa(case, inputs.q.device)
         kwargs = sdpa_arguments(case, inputs.q.device)
@@ -258,8 +283,8 @@ class Sdpa(Backend):
 
     def prepare(self, case, inputs):
         f = self.build(case, inputs)
-        kernel = (not case.lengths and chosen_kernel(case, inputs)) or detect_kernel(
-            f, case, inputs)
+        plain = not case.lengths and not case.page_size
+        kernel = (plain and chosen_kernel(case, inputs)) or detect_kernel(f, case, inputs)
         prepared = wrap_mode(f, case, inputs)
         prepared.extras["kernel"] = kernel
         return prepared

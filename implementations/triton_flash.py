@@ -9,6 +9,9 @@ are *defined*: ``TRITON_INTERPRET=1`` must be in the environment before the kern
 first imported (importing ``triton`` earlier is harmless). That is why the kernel module is
 imported on first use and not when the registry imports this file.
 
+A paged cache (``page_size``) runs the split-KV decode kernel of ``_triton_paged.py``, which
+reads the pool through the block table.
+
 Environment: ``ATTNBENCH_TRITON_FLASH_TUNE=0`` skips tuning (the first candidate of each
 kernel runs); ``ATTNBENCH_TRITON_FLASH_TUNE_LOG=1`` prints every tuned candidate's time.
 """
@@ -62,7 +65,8 @@ def interpreter_mode() -> bool:
 
 class TritonFlash(Backend):
     name = "triton_flash"
-    code_modules = ("attnbench.implementations._triton_flash_kernels",)
+    code_modules = ("attnbench.implementations._triton_flash_kernels",
+                    "attnbench.implementations._triton_paged")
     description = ("FlashAttention-2 written in Triton for this suite: fp32 online softmax "
                    "(exp2), recomputing backward, masked-block skipping, GQA without copies, "
                    "autotuned in build")
@@ -76,6 +80,7 @@ class TritonFlash(Backend):
         cross_attention=True,
         dv_differs=True,
         requires=("triton",),
+        paged=True,
     )
 
     def is_available(self):
@@ -114,6 +119,8 @@ class TritonFlash(Backend):
             return K.timed_tune(inputs.q, inputs.k, inputs.v, grad_out, plan, log)
 
     def build(self, case, inputs):
+        if case.page_size:
+            return self._paged(case, inputs)[0]
         K = kernels()
         plan = self._plan(case)
         self._tune(case, inputs, plan)
@@ -124,6 +131,8 @@ class TritonFlash(Backend):
         return triton_flash
 
     def prepare(self, case, inputs) -> Prepared:
+        if case.page_size:
+            return self._prepare_paged(case, inputs)
         K = kernels()
         plan = self._plan(case)
         _, tune_s = self._tune(case, inputs, plan)
@@ -145,6 +154,33 @@ class TritonFlash(Backend):
                            # sm_90 under the interpreter costs seconds: only when profiled
                            ("columns_when_profiled" if K.INTERPRET
                             else "columns_after_check"): compiled}
+        return prepared
+
+
+    def _paged(self, case, inputs):
+        """(the paged decode kernel's f(q, k, v) over the pool built at setup, which reads
+        no k, v; the kernel module; the cache)."""
+        kernels()  # first: it fixes interpreter or compiled for both kernel modules
+        TP = importlib.import_module(_kernels_module_name().replace("_triton_flash_kernels",
+                                                                    "_triton_paged"))
+        from attnbench.implementations import _paged
+
+        pc = _paged.setup(case, inputs)
+        scale, causal = case.softmax_scale, case.mask == "causal"
+
+        def triton_paged(q, k, v):
+            return TP.paged_decode(q, pc.k_pool, pc.v_pool, pc.block_table, pc.context,
+                                   scale, causal)  # (B, Hq, Nq, Dv)
+
+        return triton_paged, TP, pc
+
+    def _prepare_paged(self, case, inputs) -> Prepared:
+        f, TP, pc = self._paged(case, inputs)
+        prepared = wrap_mode(f, case, inputs)
+        splits, per_split = TP.splits_for(pc.block_table.shape[1])
+        mode = "interpreter" if TP.INTERPRET else "compiled"
+        prepared.extras["kernel"] = (f"triton_flash[paged] splits={splits} "
+                                     f"pages_per_split={per_split} ({mode})")
         return prepared
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from attnbench.core import lengths as lengths_axis
+from attnbench.core import paging
 from attnbench.core.case import MODES, Case, Inputs
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -52,6 +53,7 @@ class Capabilities:
     knobs: tuple[str, ...] = ()
     lengths: bool = False  # packed variable-length batches (a case's ``lengths``)
     dense: bool = True  # False: packed batches only (a baseline defined by its padding)
+    paged: bool = False  # a paged KV cache (a case's ``page_size``, core/paging.py)
 
     def reasons(self, case: Case) -> list[str]:
         out = []
@@ -77,7 +79,14 @@ class Capabilities:
         if not case.lengths and not self.dense:
             out.append("needs a packed batch (a lengths axis): it is the padded baseline of "
                        "one")
-        if case.lengths and not self.lengths:
+        if case.page_size and not self.paged:
+            out.append(f"page_size {case.page_size}, pages {case.pages}: not yet implemented "
+                       f"for a paged cache")
+        elif case.page_size and case.lengths and lengths_axis.unavailable_reason(case.lengths):
+            out.append(lengths_axis.unavailable_reason(case.lengths))
+        elif case.page_size:  # its lengths are context lengths, not a packed batch
+            pass
+        elif case.lengths and not self.lengths:
             out.append(f"lengths {case.lengths}: not yet implemented for packed batches")
         elif case.lengths and lengths_axis.unavailable_reason(case.lengths):
             out.append(lengths_axis.unavailable_reason(case.lengths))
@@ -185,7 +194,9 @@ class Backend:
 def wrap_mode(f, case: Case, inputs: Inputs) -> Prepared:
     """The timed closure of each mode around a differentiable attention function."""
     prepared = _mode_closure(f, case, inputs)
-    if case.lengths:  # a packed case's records say what its documents were
+    if case.page_size:  # a paged case's records say what its cache and page table were
+        prepared.extras.update(paging.record_columns(case))
+    elif case.lengths:  # a packed case's records say what its documents were
         prepared.extras.update(lengths_axis.record_columns(case))
     return prepared
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from attnbench.core import block_layouts, pretrained
+from attnbench.core import block_layouts, paging, pretrained
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core import lengths as lengths_axis
 from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
@@ -76,6 +76,8 @@ class Case:
     scale: float | None = None  # None means 1/sqrt(head_dim)
     inputs: str = "randn"  # what q, k, v look like (core/inputs.py); randn stays out of keys
     lengths: str = ""  # packed documents per row (core/lengths.py); "" (dense) stays out of keys
+    page_size: int = 0  # a paged KV cache's tokens per page (core/paging.py); 0: contiguous
+    pages: str = ""  # the page table's layout (core/paging.py); "" without paging
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -94,6 +96,7 @@ class Case:
         object.__setattr__(self, "inputs", str(inputs_kinds.parse(self.inputs)))
         if self.lengths:
             object.__setattr__(self, "lengths", str(lengths_axis.parse(self.lengths)))
+        object.__setattr__(self, "pages", paging.check(self.page_size, self.pages))
 
     # ---- identity -------------------------------------------------------
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
@@ -138,7 +141,10 @@ class Case:
         """Why this shape cannot hold its inputs (a captured model's head count and length,
         a rank above head_dim...), or None. Not raised by the constructor, so that a case
         can be re-shaped freely (the runner blanks lengths to group cases)."""
-        if self.lengths and lengths_axis.shape_problem(self.lengths, self.seq_q, self.seq_k,
+        if self.page_size:  # a decode step: lengths are its context lengths, one per sequence
+            if paging.shape_problem(self):
+                return paging.shape_problem(self)
+        elif self.lengths and lengths_axis.shape_problem(self.lengths, self.seq_q, self.seq_k,
                                                        self.mask):
             return lengths_axis.shape_problem(self.lengths, self.seq_q, self.seq_k, self.mask)
         spec = self.inputs_spec
@@ -191,6 +197,8 @@ class Case:
 
     @cached_property
     def visible_pairs(self) -> int:
+        if self.page_size:  # a paged decode step: each sequence's context
+            return paging.visible_pairs_per_sequence(self)
         if self.lengths:  # a packed batch: pairs within each document, per row
             return lengths_axis.visible_pairs_per_row(self.lengths, self.batch, self.seq_q,
                                                       self.seed, self.mask == "causal")
@@ -225,6 +233,8 @@ class Case:
         e = element_size(self.dtype)
         q = self.batch * self.heads_q * self.seq_q * self.head_dim
         kv = self.batch * self.heads_kv * self.seq_k * (self.head_dim + self.head_dim_v)
+        if self.page_size:  # the KV a paged decode step reads: its contexts, not the pool
+            kv = paging.kv_read_bytes(self) / e
         o = self.batch * self.heads_q * self.seq_q * self.head_dim_v
         fwd = q + kv + o
         bwd = (q + kv + 2 * o) + (q + kv)  # read q,k,v,o,dO; write dq,dk,dv

@@ -98,7 +98,8 @@ METRICS: tuple[Metric, ...] = (
            "counted, whatever the backend computes (a common axis for approximations)",
            per_time=True),
     Metric("gbps", "GB/s", HIGHER, "minimum traffic (inputs read once, outputs written "
-           "once) / median time", section="Bandwidth (GB/s of the minimum traffic)",
+           "once; a paged cache: the KV its contexts hold, kv_read_bytes, not the pool) / "
+           "median time", section="Bandwidth (GB/s of the minimum traffic)",
            per_time=True),
     Metric("frac_matmul", "1", HIGHER, "tflops / the run's measured matmul rate for the "
            "dtype", section="Fraction of the measured matmul rate", percent=True,

@@ -56,6 +56,15 @@ OPTIONAL_COLUMNS = {
     "lengths_hash": "packed batch: sha256 of the documents' lengths, row by row",
     "lengths_source": "lengths text(package): the documents read (an installed package's "
                       "module docstrings, tokenized) and the sha256 of their lengths list",
+    "context_max": "paged cache: the longest sequence's context length (tokens in its cache)",
+    "context_mean": "paged cache: mean context length over the batch's sequences",
+    "context_padding_frac": "paged cache: 1 - total / (batch * max), the share of a cache "
+                            "padded to its longest context that is padding",
+    "pages_used": "paged cache: pool pages the batch's contexts occupy",
+    "pages_pool": "paged cache: pages in the pool (more than used when fragmented)",
+    "kv_read_bytes": "paged cache: KV bytes a decode step reads (sum of context lengths x "
+                     "Hkv x (D + Dv) x dtype bytes), the KV part of gbps's traffic",
+    "page_table_hash": "paged cache: sha256 of the block table, row by row",
     "layout_density": "block_sparse: share of the case's pairs its block layout holds; 1.0 "
                       "means every tile, dense attention (its semantics then exact)",
     "triton_config": "triton_flash: launch configuration per kernel (block_m, block_n, "

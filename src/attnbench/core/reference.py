@@ -150,6 +150,8 @@ def softmax_reference(q, k, v, mask: MaskSpec, scale: float | None = None,
 def case_reference(case, inputs, need_grads: bool | None = None) -> RefResult:
     """Exact softmax reference of a case (its mask, its block layout)."""
     grads = case.needs_grad if need_grads is None else need_grads
+    if case.page_size:  # a paged decode step: each sequence against its own context
+        return case_paged_reference(case, inputs)
     if case.lengths:  # a packed batch: each document on its own
         return case_varlen_reference(case, inputs, grads)
     return softmax_reference(inputs.q, inputs.k, inputs.v, case.mask_spec, case.softmax_scale,
@@ -194,3 +196,26 @@ def case_varlen_reference(case, inputs, need_grads: bool) -> RefResult:
     rows = lengths.draw(case.lengths, case.batch, case.seq_q, case.seed)
     return varlen_reference(inputs.q, inputs.k, inputs.v, rows, case.mask == "causal",
                             case.softmax_scale, inputs.grad_out if need_grads else None)
+
+
+# A paged decode step: read from the logical cache (the case's contiguous k, v), never from
+# the pool, so it checks the backends that read through a page table; sequence b's queries
+# see its first context[b] keys (bottom-right aligned when causal), as core/paging.py says.
+def paged_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context, causal: bool,
+                    scale: float | None = None) -> RefResult:
+    """q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); ``context[b]`` the keys
+    sequence b holds. Float64 output (B, Hq, Nq, Dv)."""
+    B, Hq, Nq, _ = q.shape
+    out = torch.zeros(B, Hq, Nq, v.shape[-1], dtype=torch.float64, device=q.device)
+    for b, n in enumerate(context):
+        mask = MaskSpec.parse("causal" if causal else "none").clamped(Nq, n)
+        out[b:b + 1] = softmax_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                                         mask, scale).out
+    return RefResult(out)
+
+
+def case_paged_reference(case, inputs) -> RefResult:
+    from attnbench.core.paging import context_lengths
+
+    return paged_reference(inputs.q, inputs.k, inputs.v, context_lengths(case),
+                           case.mask == "causal", case.softmax_scale)

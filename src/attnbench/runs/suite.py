@@ -19,6 +19,7 @@ from attnbench.analysis.claim_checks import validate_claims
 from attnbench.analysis.comparisons import Comparison, validate_comparisons
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core import lengths as lengths_axis
+from attnbench.core import paging
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
@@ -53,7 +54,7 @@ POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "h
                  "head_dim_v", "block_size", "num_features", "memory_budget_mb",
                  "linformer_k"}
 NON_NEGATIVE_AXES = {"seed", "block_band", "block_global", "block_random", "block_stride",
-                     "additive_dim"}
+                     "additive_dim", "page_size"}
 SEQ_AXES = ("seq_len", "seq_q", "seq_k")
 # Axes whose values a Case checks together (heads_q must be a multiple of heads_kv).
 JOINT_AXES = ("heads_q", "heads_kv")
@@ -62,6 +63,8 @@ INPUTS_SHAPE_AXES = ("inputs", "heads_q", "heads_kv", "seq_len", "seq_q", "seq_k
                      "head_dim_v")
 # The axes a packed batch (lengths) limits: self-attention, a none or causal mask.
 LENGTHS_SHAPE_AXES = ("lengths", "seq_len", "seq_q", "seq_k", "mask")
+# The axes a paged cache limits: a forward decode step, none or causal, seq_q <= seq_k.
+PAGED_SHAPE_AXES = ("page_size", "pages", "seq_len", "seq_q", "seq_k", "mask", "mode")
 # Load checks every combination of the axes that can make a case invalid (those above, those
 # derived values read, those excludes name) when there are at most this many; beyond it the
 # remaining combinations are checked as the sweep expands (still before anything runs).
@@ -119,6 +122,8 @@ class Sweep:
             relevant |= set(INPUTS_SHAPE_AXES)  # what an inputs kind's shape limits read
         if any(self.axes.get("lengths", [""])):
             relevant |= set(LENGTHS_SHAPE_AXES)  # a packed batch's shape and mask limits
+        if any(self.axes.get("page_size", [0])) or any(self.axes.get("pages", [""])):
+            relevant |= set(PAGED_SHAPE_AXES)  # a paged decode step's limits
         for expression in self.derive.values():
             relevant |= expression.names
         if "seq_len" in relevant:
@@ -359,6 +364,11 @@ class _Validator:
                 return str(lengths_axis.parse(v)) if v else v
             except ValueError as exc:
                 self.fail(key, v, str(exc))
+        if key == "pages":
+            if not isinstance(v, str) or (v and v not in paging.LAYOUTS):
+                self.fail(key, v, f"unknown page layout; allowed: {', '.join(paging.LAYOUTS)} "
+                                  f"or \"\" (no paging)")
+            return v
         if key == "mode":
             if v not in MODES:
                 self.fail(key, v, f"unknown mode; allowed: {', '.join(MODES)}")
