@@ -237,3 +237,16 @@ def test_answers_name_each_crossover_by_its_line_and_drop_unsignificant_ones():
     assert said.count("overtakes base") == 1
     assert "float32" in said and "bfloat16" not in said
     assert "between 256 and 512" in said
+
+
+def test_answers_name_block_layouts_that_are_dense_here():
+    import pandas as pd
+
+    from attnbench.reporting.answers import dense_layout_text
+
+    df = pd.DataFrame({"backend": ["block_sparse", "block_sparse", "sdpa"],
+                       "seq_q": [256, 4096, 256], "layout_density": [1.0, 0.2, None]})
+    said = dense_layout_text(df)
+    assert said.startswith("dense here (exact): block_sparse at N = 256:")
+    assert "4K" not in said and "sdpa" not in said
+    assert dense_layout_text(df.drop(columns="layout_density")) == ""

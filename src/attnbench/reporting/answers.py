@@ -61,6 +61,22 @@ def accuracy_text(recs: pd.DataFrame) -> str:
     return "accuracy: " + ", ".join(said) if said else ""
 
 
+def dense_layout_text(df: pd.DataFrame) -> str:
+    """Block layouts that cover every tile compute dense attention: say where, since their
+    records then read as exact, not as an approximation."""
+    if "layout_density" not in df.columns:
+        return ""
+    dense = df[pd.to_numeric(df["layout_density"], errors="coerce") >= 1.0]
+    if dense.empty:
+        return ""
+    said = []
+    for backend, g in dense.groupby("backend", sort=True):
+        sizes = ", ".join(n_label(int(n)) for n in sorted(set(g["seq_q"].astype(int))))
+        said.append(f"{backend} at N = {sizes}")
+    return ("dense here (exact): " + "; ".join(said)
+            + ": the block layout covers every tile at these sizes")
+
+
 def comparison_answer(c: Comparison, recs: pd.DataFrame, sp: pd.DataFrame) -> str | None:
     """The comparison's answer line: the fastest at the largest size, the crossovers, the
     accuracy."""

@@ -125,7 +125,8 @@ class Report:
             counts = pooled["verdict"].value_counts()
             out.append(f"goals pooled over {len(self.runs)} runs: "
                        + ", ".join(f"{n} {v}" for v, n in counts.items()))
-        for line in (findings.unsteady_headline(self.df), findings.coverage_headline(self.df)):
+        for line in (answers.dense_layout_text(self.df), findings.unsteady_headline(self.df),
+                     findings.coverage_headline(self.df)):
             if line:
                 out.append(line)
         return out + inputs_error.headlines(self.df)
