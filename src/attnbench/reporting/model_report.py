@@ -201,15 +201,21 @@ def _jobs(records: list[dict]) -> list[list[dict]]:
 
 
 def job_answer(records: list[dict]) -> str | None:
-    """'llama3 b1 N=16, train: naive 1.2x [1.1, 1.3] over sdpa (kernel 2.0x, Amdahl 1.3x)'."""
+    """'llama3 batch 1, N = 16, train: naive fastest, 1.2x [1.1, 1.3] over sdpa (kernel level
+    2.0x, Amdahl predicts 1.3x)'; sdpa itself when no exact backend beats it."""
     found = [b for b in best_backends(records) if "(approximate)" not in b[1]]
     if not found:
         return None
     step, label, k, m, pred = found[-1]  # the training step when there is one
     first = records[0]
+    if m is not None and m.low > 1:
+        verdict = f"{label} fastest, {_x(m)} over sdpa"
+    elif m is not None and m.high < 1:
+        verdict = f"sdpa fastest; the next exact backend, {label}, at {_x(m)} of its speed"
+    else:
+        verdict = f"no exact backend differs from sdpa (the fastest other, {label}, {_x(m)})"
     return (f"{first['model']} batch {first['batch']}, N = {first['seq_len']}, {step}: "
-            f"fastest exact backend {label}, {_x(m)} over sdpa (kernel level {_x(k)}, "
-            f"Amdahl predicts {pred})")
+            f"{verdict} (kernel level {_x(k)}, Amdahl predicts {pred})")
 
 
 def short_headline(run_dir: Path) -> str:
