@@ -282,7 +282,7 @@ def _html_figures(figs: Figures, folder: Path) -> str:
         caption = f"<figcaption>{esc(fig.caption)}</figcaption>" if fig.caption else ""
         wide = ' class="wide"' if size and size[0] > 900 else ""  # a row of its own
         out.append(f'<figure id="{esc(slug(fig.file))}"{wide}><img src="{esc(fig.file)}" '
-                   f'alt="{esc(fig.alt)}"{dims} loading="lazy">{caption}</figure>')
+                   f'alt="{esc(fig.alt)}"{dims}>{caption}</figure>')
     return f'<div class="figs">{"".join(out)}</div>'
 
 
