@@ -28,7 +28,7 @@
 # GPU_CHECK_REHEARSAL=SUITE rehearses the plumbing on a CPU (the tests do this, since the
 # real check has to work the first time a GPU is lent): any Python with torch, step 1 as
 # gpu_correctness.py --smoke (the Triton interpreter), step 2 runs SUITE on the CPU, and
-# steps 2b, 3 and the packing as on a GPU (2b's cudagraph and profiler are unsupported
+# steps 2b, 3 and the packing as on a GPU (2b's methods all time by the wall clock
 # there). GPU_CHECK_FAULTS (see gpu_correctness.py) injects faults into step 1's tasks, to
 # rehearse a crashed or poisoned worker.
 set -uo pipefail

@@ -283,7 +283,7 @@ def test_samplers_wrap_the_timed_rounds_of_the_one_loop(monkeypatch):
     assert rec.calls[0] == "begin" and rec.calls[-1] == "end"
     timed = rec.calls[1:-1]
     assert len(timed) == 8 and sorted(timed) == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert a.fields == {"seen": 4} and b.fields == {"seen": 4}
+    assert a.fields == b.fields == {"timing_method": "wallclock", "seen": 4}
     assert a.samples_ms == pytest.approx([1.0] * 4) and b.samples_ms == pytest.approx([2.0] * 4)
 
 
@@ -465,4 +465,4 @@ def test_a_cpu_record_carries_the_host_frequency(tmp_path, monkeypatch):
     assert rec.status == "ok"
     assert rec.info["cpu_mhz_begin"] == 3000.0 and rec.info["cpu_mhz_end"] == 3000.0
     assert "energy_j" not in rec.info and "throttled" not in rec.info
-    assert "timing_method" not in rec.info  # a CPU times with perf_counter, as before
+    assert rec.info["timing_method"] == "wallclock"  # perf_counter, as always on a CPU

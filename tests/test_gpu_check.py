@@ -131,3 +131,34 @@ def test_an_outdir_that_cannot_be_written_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout.strip() == f"gpu_check: OUTDIR {blocker / 'out'} is not a writable " \
                                   "folder; nothing was run"
+
+
+def test_the_h200_suite_times_packed_batches_and_paged_decode_on_cuda():
+    """Step 2 covers both workloads, after the core (a cut run keeps the core), without a
+    new flex compile (step 1's warm-up list is unchanged) and within the job count that
+    docs/gpu.md's budget is derived from."""
+    from attnbench.runs.suite import load_suite
+
+    jobs = load_suite("h200").jobs_on("cuda")
+    packed = [(c, b) for c, b in jobs if c.lengths]
+    paged = [(c, b) for c, b in jobs if c.page_size]
+    assert len(jobs) == 168 and len(packed) == 8 and len(paged) == 6
+    assert {b for _, b in packed} == {"sdpa", "sdpa_padded"}
+    assert {c.lengths for c, _ in packed} == {"uniform(64,1024)", "lognormal(256,1)"}
+    assert all(c.batch * c.seq_q == 16384 and c.mask == "none" for c, _ in packed)
+    assert {b for _, b in paged} == {"sdpa", "triton_flash"}
+    assert {c.pages for c, _ in paged} == {"contiguous", "shuffled", "fragmented"}
+    assert all((c.seq_q, c.seq_k, c.page_size, c.mode, c.dtype) == (1, 16384, 16, "fwd",
+                                                                    "bfloat16")
+               for c, _ in paged)
+    first_new = min(i for i, (c, _) in enumerate(jobs) if c.lengths or c.page_size)
+    assert first_new == len(jobs) - len(packed) - len(paged)  # the last sweeps
+    assert all(b != "flex" for _, b in packed + paged)
+
+
+def test_the_decode_suite_uses_cudagraph_which_a_cpu_run_ignores():
+    from attnbench.measure import timing_methods
+    from attnbench.runs.suite import load_suite
+
+    assert load_suite("decode").timing.method == "cudagraph"
+    assert timing_methods.for_device("cudagraph", "cpu") is None  # the wall clock instead

@@ -243,8 +243,9 @@ def test_derived_axis_given_twice_is_refused(tmp_path):
 def test_h200_suite_keeps_tokens_and_width_fixed_and_states_its_goals():
     suite = load_suite("h200")
     jobs = suite.jobs_on("cuda")
-    for case, _ in jobs:
-        assert case.batch * case.seq_q == 16384 and case.heads_q * case.head_dim == 2048
+    for case, _ in jobs:  # a paged decode step sets its own batch and heads
+        if not case.page_size:
+            assert case.batch * case.seq_q == 16384 and case.heads_q * case.head_dim == 2048
     # cut anywhere, the run still holds the core: bf16 d=128, then d=64, come first
     first = [c for c, _ in jobs[:60]]
     assert {(c.dtype, c.head_dim) for c in first} == {("bfloat16", 128)}

@@ -1,6 +1,7 @@
 """GPU timing methods (measure/timing_methods.py) on a fake CUDA device: events, a CUDA graph
-over input copies sized from L2, the profiler's kernel time; on a CPU the last two are
-recorded unsupported; the suite's ``[timing] method`` is validated."""
+over input copies sized from L2 (falling back to events when the capture fails), the
+profiler's kernel time; on a CPU every method means the wall clock, said once in meta.json;
+the suite's ``[timing] method`` is validated."""
 
 from __future__ import annotations
 
@@ -163,17 +164,42 @@ def test_cudagraph_without_copies_replays_the_closure_itself(fake_cuda):
                                                   "graph_calls": 4, "graph_copies": 1}
 
 
-def test_a_closure_that_cannot_be_captured_is_unsupported_with_its_reason(fake_cuda):
+def uncapturable(fake: FakeCuda, ms: float):
     def bad():
-        if fake_cuda.capturing is not None:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        fake_cuda.launch(0.1)
+        if fake.capturing is not None:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore text")
+        fake.launch(ms)
+    return bad
 
+
+NOT_CAPTURED = ("cudagraph capture failed: RuntimeError: operation not permitted when stream "
+                "is capturing")
+
+
+def test_a_closure_that_cannot_be_captured_is_timed_by_events_and_says_why(fake_cuda):
+    """The failed capture costs the graph, not the pair: its samples are event-timed calls of
+    the closure itself, and its fields name events with the capture's error in one line."""
+    bad = uncapturable(fake_cuda, 0.1)
     method = timing_methods.GraphMethod(torch.device("cpu"))
-    with pytest.raises(NotSupported) as err:
-        method.prepare(0, bad)
-    assert err.value.reasons == ["timing method cudagraph: capture failed (RuntimeError: "
-                                 "operation not permitted when stream is capturing)"]
+    method.prepare(0, bad)
+    into: list[float] = []
+    method.sample(0, bad, into)
+    method.sample(0, bad, into)
+    method.settle()
+    assert into == pytest.approx([0.1, 0.1])
+    assert method.fields(0) == {"timing_method": "events", "timing_method_note": NOT_CAPTURED}
+    assert 0 not in method.graphs and 0 not in method.keep
+
+
+def test_in_a_group_only_the_uncapturable_closure_falls_back(fake_cuda):
+    budget = TimingBudget(method="cudagraph", warmup_s=0.0, min_warmup=1, budget_s=60.0,
+                          min_reps=4, max_reps=4)
+    good, bad = kernel(fake_cuda, 0.5), uncapturable(fake_cuda, 0.25)
+    a, b = measure_interleaved([good, bad], "cuda", budget, samplers=[])
+    assert a.fields == {"timing_method": "cudagraph", "graph_calls": 4, "graph_copies": 1}
+    assert a.samples_ms == pytest.approx([0.5] * 4)
+    assert b.fields == {"timing_method": "events", "timing_method_note": NOT_CAPTURED}
+    assert b.samples_ms == pytest.approx([0.25] * 4)
 
 
 def test_profiler_sums_the_device_time_of_the_calls_kernels(fake_cuda, monkeypatch):
@@ -203,8 +229,10 @@ def test_profiler_sums_the_device_time_of_the_calls_kernels(fake_cuda, monkeypat
         measure_interleaved([kernel(fake_cuda, 1.0)], "cuda", budget, samplers=[])
 
 
-@pytest.mark.parametrize("method", ["cudagraph", "profiler"])
-def test_on_a_cpu_the_gpu_methods_are_recorded_unsupported(method):
+@pytest.mark.parametrize("method", ["events", "cudagraph", "profiler"])
+def test_on_a_cpu_every_method_times_by_the_wall_clock(method):
+    """A GPU method does not apply on a CPU: the pairs are timed as always and say
+    wallclock; nothing is unsupported for it."""
     from attnbench.core.case import Case
     from attnbench.measure.case_cache import CaseCache
     from attnbench.measure.execute import execute_group
@@ -213,15 +241,52 @@ def test_on_a_cpu_the_gpu_methods_are_recorded_unsupported(method):
     budget = TimingBudget(method=method, warmup_s=0.0, budget_s=0.01, min_reps=2, max_reps=2)
     recs = execute_group([(case, "sdpa"), (case, "naive")], budget, CaseCache())
     for rec in recs:
-        assert rec.status == "unsupported"
-        assert rec.reason.startswith(f"timing method {method} needs a CUDA device")
-        assert "time_ms_median" not in rec.metrics
+        assert rec.status == "ok", rec.reason
+        assert rec.info["timing_method"] == "wallclock"
+        assert "timing_method_note" not in rec.info and "graph_calls" not in rec.info
+        assert rec.metrics["n_samples"] == 2
+    assert timing_methods.for_device(method, torch.device("cpu")) is None
+    assert timing_methods.unsupported_reason(method, torch.device("cpu")) is None
 
 
-def test_events_on_a_cpu_records_as_before():
-    """The default method on a CPU adds no timing_method field: perf_counter as before."""
-    assert timing_methods.for_device("events", torch.device("cpu")) is None
-    assert timing_methods.unsupported_reason("events", torch.device("cpu")) is None
+def test_an_unknown_method_is_refused_before_any_call():
+    calls = []
+    with pytest.raises(NotSupported, match="timing method 'graph' unknown; allowed: events"):
+        measure_interleaved([lambda: calls.append(1)], "cpu",
+                            TimingBudget(method="graph"), samplers=[])
+    assert calls == []
+
+
+def test_the_cpu_note_is_said_for_gpu_methods_on_a_cpu_only():
+    note = timing_methods.cpu_note("cudagraph", "cpu")
+    assert note == ("timing.method cudagraph applies to CUDA devices; CPU pairs timed by the "
+                    "wall clock")
+    assert timing_methods.cpu_note("events", "cpu") is None
+    assert timing_methods.cpu_note("profiler", "cuda") is None
+    assert timing_methods.cpu_note("profiler", "cpu").startswith("timing.method profiler ")
+
+
+def test_a_cpu_run_of_a_cudagraph_suite_says_so_once_in_meta(tmp_path, monkeypatch):
+    """A whole (in-process) run: meta.json's timing says the method does not apply, once;
+    no record is unsupported for it and none repeats the note."""
+    import json
+
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import parse_suite
+
+    suite = parse_suite(SUITE | {"timing": {"method": "cudagraph", "warmup_s": 0.0,
+                                            "budget_s": 0.01, "min_reps": 2, "max_reps": 2}},
+                        Path("t.toml"), ["sdpa"])
+    run = run_suite(suite, "cpu", RunOptions(out=tmp_path / "results", isolate=False,
+                                             progress=False, measure_ceilings=False))
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["timing"]["method"] == "cudagraph"
+    assert meta["timing"]["method_note"] == ("timing.method cudagraph applies to CUDA devices; "
+                                             "CPU pairs timed by the wall clock")
+    rows = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    assert rows and all(r["status"] == "ok" and r["timing_method"] == "wallclock"
+                        for r in rows)
+    assert not any("applies to CUDA" in json.dumps(r) for r in rows)
 
 
 def test_input_copy_has_its_own_tensors_with_the_same_values_and_grad_flag():

@@ -287,14 +287,45 @@ def _clock(meta: dict, df: pd.DataFrame, column: str, at_start: str) -> float | 
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _timing_methods(df: pd.DataFrame) -> pd.Series:
+    """Each timed record's timing method, by (key, backend). A record written before the
+    column was timed by events on a GPU and by the wall clock on a CPU (the only ways then)."""
+    if not {"key", "backend", "time_ms_median"} <= set(df.columns):
+        return pd.Series(dtype=object)
+    timed = df[df["time_ms_median"].notna()].drop_duplicates(["key", "backend"], keep="last")
+    said = (timed["timing_method"] if "timing_method" in timed.columns
+            else pd.Series(None, index=timed.index, dtype=object))
+    if "device" in timed.columns:
+        implied = timed["device"].map(lambda d: None if not isinstance(d, str) else
+                                      "events" if d.startswith("cuda") else "wallclock")
+        said = said.where(said.notna(), implied)
+    said.index = pd.MultiIndex.from_frame(timed[["key", "backend"]])
+    return said.dropna()
+
+
+def timing_method_difference(base: pd.DataFrame, new: pd.DataFrame) -> list[str]:
+    """The records timed in both runs whose samples were taken differently (events against
+    cudagraph, say): a difference in how, named before any verdict on the code."""
+    a, b = _timing_methods(base), _timing_methods(new)
+    both = a.index.intersection(b.index)
+    moved = [(a[i], b[i]) for i in both if a[i] != b[i]]
+    if not moved:
+        return []
+    counts = pd.Series([f"{x} -> {y}" for x, y in moved]).value_counts()
+    return [f"timing method differs on {len(moved)} of {len(both)} records timed in both ("
+            + ", ".join(f"{change}: {n}" for change, n in sorted(counts.items()))
+            + "): their times were taken differently, a cause beside the code"]
+
+
 def device_state_difference(base_meta: dict, new_meta: dict, base: pd.DataFrame,
                             new: pd.DataFrame) -> list[str]:
-    """What the device's state says between two runs, before any verdict on the code: a
-    clock that differs by more than CLOCK_DROP_REL, and records measured throttled."""
+    """What the device's state says between two runs, before any verdict on the code: how
+    the samples were taken (timing_method_difference), a clock that differs by more than
+    CLOCK_DROP_REL, and records measured throttled."""
     from attnbench.core.record import is_throttled
     from attnbench.measure.device_state import CLOCK_DROP_REL
 
-    out = []
+    out = timing_method_difference(base, new)
     for what, column, at_start in (("GPU SM clock", "gpu_sm_mhz", "gpu_sm_mhz"),
                                    ("CPU frequency", "cpu_mhz_begin", "cpu_mhz")):
         a, b = (_clock(m, d, column, at_start) for m, d in ((base_meta, base), (new_meta, new)))
@@ -311,4 +342,4 @@ def device_state_difference(base_meta: dict, new_meta: dict, base: pd.DataFrame,
 
 __all__ = ["MachineMove", "machine_move", "decide", "regressions", "change_counts",
            "join_runs", "environment_difference", "ceiling_move", "probe_move",
-           "device_state_difference"]
+           "device_state_difference", "timing_method_difference"]

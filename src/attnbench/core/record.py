@@ -78,8 +78,11 @@ OPTIONAL_COLUMNS = {
 # a GPU sample was taken (measure/timing_methods.py). Absent where not readable; records
 # written before them load without them.
 DEVICE_COLUMNS = {
-    "timing_method": "GPU: events (CUDA events, L2 flushed), cudagraph (N calls over input "
-                     "copies in one graph, the replay over N) or profiler (kernel device time)",
+    "timing_method": "how the samples were taken: on a GPU events (CUDA events, L2 flushed), "
+                     "cudagraph (N calls over input copies in one graph, the replay over N) "
+                     "or profiler (kernel device time); on a CPU wallclock (perf_counter)",
+    "timing_method_note": "why a record's timing_method is not the suite's (a cudagraph "
+                          "capture that failed: timed by events instead)",
     "graph_calls": "cudagraph: calls captured in the graph a sample replays",
     "graph_copies": "cudagraph: input copies the calls rotate over (their total above 2x L2)",
     "gpu_sm_mhz": "GPU SM clock over the group's readings, median (NVML)",

@@ -163,7 +163,8 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
     per closure) or ``max_reps`` is spent; with ``sequential``, when its claim is decided or
     its budget of rounds spent instead. ``probe`` (a DriftProbe) is read between rounds.
     A GPU sample is taken by ``budget.method`` (timing_methods.py; ``copies``: per closure,
-    how to copy its inputs for ``cudagraph``). ``samplers`` (default: the registry's for
+    how to copy its inputs for ``cudagraph``); a CPU sample by the wall clock, whatever the
+    method. ``samplers`` (default: the registry's for
     the device, samplers.py) read the device around the rounds and after each timed call;
     their fields land in each Timing's ``fields``."""
     dev = torch.device(device)
@@ -223,5 +224,6 @@ def measure_interleaved(fns: list[Callable[[], object]], device: torch.device | 
         t.stop = stop
         t.probe_readings = readings
     for i, (t, more) in enumerate(zip(timings, group.end(timings))):
-        t.fields = (method.fields(i) if cuda else {}) | more
+        t.fields = (method.fields(i) if cuda
+                    else {"timing_method": timing_methods.WALLCLOCK}) | more
     return timings

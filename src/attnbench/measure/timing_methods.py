@@ -10,9 +10,11 @@
 
 The timing loop (``timing.measure_interleaved``) is the same for all three: a method only
 says how closure ``i`` is sampled (``sample``), when the round's samples are read back
-(``settle``), and what a record says about it (``fields``). On a CPU only ``events``
-applies (a perf_counter around each call); the other two raise NotSupported, so that their
-records are ``unsupported`` with the reason.
+(``settle``), and what a record says about it (``fields``). The method is a GPU notion: on a
+CPU every pair is timed by the wall clock (a perf_counter around each call, ``wallclock``),
+whatever the suite's method, and the run's meta.json says so once (``cpu_note``). A
+cudagraph capture that fails falls back to ``events`` for that closure, and its record says
+why (``timing_method_note``).
 """
 
 from __future__ import annotations
@@ -50,14 +52,23 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     return _empty_int32(2 * l2_bytes(device) // 4 + 1, device)
 
 
+WALLCLOCK = "wallclock"  # a CPU record's timing_method: perf_counter around each call
+
+
 def unsupported_reason(method: str, device: torch.device) -> str | None:
-    """Why ``method`` cannot time on ``device`` (None: it can)."""
+    """Why ``method`` cannot time on ``device`` (None: it can; on a CPU every known method
+    means the wall clock)."""
     if method not in TIMING_METHODS:
         return f"timing method {method!r} unknown; allowed: {', '.join(TIMING_METHODS)}"
-    if method != "events" and torch.device(device).type != "cuda":
-        what = {"cudagraph": "CUDA graphs", "profiler": "the device time of CUDA kernels"}
-        return f"timing method {method} needs a CUDA device ({what[method]}); this is a CPU run"
     return None
+
+
+def cpu_note(method: str, device) -> str | None:
+    """What a run's meta.json says, once, when its suite names a GPU method and it runs on a
+    CPU (None: nothing to say)."""
+    if method == "events" or torch.device(device).type == "cuda":
+        return None
+    return f"timing.method {method} applies to CUDA devices; CPU pairs timed by the wall clock"
 
 
 @dataclass
@@ -142,6 +153,7 @@ class GraphMethod(EventsMethod):
         self.copies = copies or []
         self.graphs: dict[int, tuple[object, int, int]] = {}  # index: (graph, calls, copies)
         self.keep: dict[int, list] = {}  # the closures a graph replays stay alive with it
+        self.fallback: dict[int, str] = {}  # index: why its capture failed (timed by events)
 
     def _one_call_ms(self, fn) -> float:
         probe: list[float] = []
@@ -169,22 +181,32 @@ class GraphMethod(EventsMethod):
                 for j in range(n):
                     fns[j % len(fns)]()
         except Exception as exc:
+            # the pair is still timed (by events) rather than lost; its record says why
             first = (str(exc).strip().splitlines() or [""])[0]
-            raise NotSupported("timing", [f"timing method cudagraph: capture failed "
-                                          f"({type(exc).__name__}: {first})"]) from exc
+            self.fallback[index] = f"cudagraph capture failed: {type(exc).__name__}: {first}"
+            cuda.synchronize(self.dev)  # the failed capture's work ends before events time
+            return None
         self.keep[index] = fns
         return graph, n, len(fns)
 
     def prepare(self, index: int, fn: Callable[[], object]) -> None:
-        if index not in self.graphs:
-            self.graphs[index] = self._capture(index, fn)
+        if index not in self.graphs and index not in self.fallback:
+            captured = self._capture(index, fn)
+            if captured is not None:
+                self.graphs[index] = captured
 
     def sample(self, index: int, fn: Callable[[], object], into: list[float]) -> None:
         self.prepare(index, fn)
+        if index in self.fallback:
+            self._timed(fn, into)
+            return
         graph, n, _ = self.graphs[index]
         self._timed(graph.replay, into, per=n)
 
     def fields(self, index: int) -> dict:
+        if index in self.fallback:
+            return {"timing_method": EventsMethod.name,
+                    "timing_method_note": self.fallback[index]}
         _, n, k = self.graphs.get(index, (None, 0, 0))
         return {"timing_method": self.name, "graph_calls": n, "graph_copies": k}
 
@@ -237,8 +259,8 @@ class ProfilerMethod:
 
 
 def for_device(method: str, device: torch.device, copies: list[Copies | None] | None = None):
-    """The method object for a GPU group, None on a CPU (timing.py's perf_counter path);
-    NotSupported where the method cannot run."""
+    """The method object for a GPU group, None on a CPU (timing.py's perf_counter path,
+    whatever the method); NotSupported for a method not known."""
     why = unsupported_reason(method, device)
     if why:
         raise NotSupported("timing", [why])

@@ -114,6 +114,15 @@ def _device_state(device: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
 
 
+def timing_note(method: str, device: str) -> dict:
+    """The run's ``timing`` entries beside the suite's table: on a CPU a GPU method does not
+    apply, and meta.json says so once (never per record)."""
+    from attnbench.measure import timing_methods
+
+    note = timing_methods.cpu_note(method, device)
+    return {"method_note": note} if note else {}
+
+
 # What makes two environments different for measuring: not the host name or the dirty flag.
 ID_FIELDS = ("device_name", "cpu_capability", "threads", "torch", "triton", "xformers",
              "numpy", "cuda", "driver", "git_commit", "omp_wait_policy")

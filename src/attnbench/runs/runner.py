@@ -141,7 +141,8 @@ def _run_locked(suite: Suite, device: str, options: RunOptions, jobs, run_dir: P
         "comparisons": [dataclasses.asdict(c) for c in suite.comparisons],
         "environment": env,
         "environment_id": environment.env_id(env),
-        "timing": dataclasses.asdict(suite.timing) | {"timeout_s": suite.timeout_s},
+        "timing": dataclasses.asdict(suite.timing) | {"timeout_s": suite.timeout_s}
+        | environment.timing_note(suite.timing.method, device),
         "isolated": options.isolate,
         "invocation": options.invocation or meta.get("invocation", {}),
         "started": meta.get("started") or dt.datetime.now().astimezone().isoformat(),
