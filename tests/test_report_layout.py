@@ -252,3 +252,18 @@ def test_answers_name_block_layouts_that_are_dense_here():
     assert said.startswith("dense here (exact): block_sparse at N = 256:")
     assert "4K" not in said and "sdpa" not in said
     assert dense_layout_text(df.drop(columns="layout_density")) == ""
+
+
+def test_the_index_headline_names_no_winner_without_a_significant_margin():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from attnbench.reporting.answers import short_headline
+
+    c = SimpleNamespace(baseline="sdpa")
+    sp = pd.DataFrame({"backend": ["flex"], "seq_q": [1], "speedup": [1.7],
+                       "significant": [False]})
+    assert short_headline([(c, None, sp)], None) == "flex and sdpa not told apart at N=1 (1.7x)"
+    sp["significant"] = True
+    assert short_headline([(c, None, sp)], None) == "flex 1.7x faster than sdpa at N=1"

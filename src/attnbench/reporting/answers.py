@@ -106,7 +106,10 @@ def short_headline(planned: list, verdicts: str | None) -> str:
         best = top.loc[top["speedup"].astype(float).idxmax()]
         n = n_label(int(best["seq_q"]))
         x = float(best["speedup"])
-        if x >= 1:
+        if "significant" in best and not bool(best["significant"]):
+            parts.append(f"{best['backend']} and {c.baseline} not told apart at N={n} "
+                         f"({x:.3g}x)")
+        elif x >= 1:
             parts.append(f"{best['backend']} {x:.3g}x faster than {c.baseline} at N={n}")
         else:
             parts.append(f"{c.baseline} fastest at N={n} ({best['backend']} {x:.3g}x)")
