@@ -87,7 +87,7 @@ class Case:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
         for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim",
-                     "head_dim_v", "block_size", "linformer_k"):
+                     "head_dim_v", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.heads_q % self.heads_kv:

@@ -50,11 +50,11 @@ TIMING_MAX = {"warmup_s": 3600.0, "rewarm_s": 60.0, "budget_s": 86400.0, "timeou
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
 INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
+# The problem's own bounds; a backend parameter's are in its declaration (check_params).
 POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
-                 "head_dim_v", "block_size", "num_features", "memory_budget_mb",
-                 "linformer_k"}
+                 "head_dim_v", "block_size"}
 NON_NEGATIVE_AXES = {"seed", "block_band", "block_global", "block_random", "block_stride",
-                     "additive_dim", "page_size"}
+                     "page_size"}
 SEQ_AXES = ("seq_len", "seq_q", "seq_k")
 # Axes whose values a Case checks together (heads_q must be a multiple of heads_kv).
 JOINT_AXES = ("heads_q", "heads_kv")
@@ -219,6 +219,7 @@ class Suite:
     notes: list[str] = field(default_factory=list)  # what command-line overrides changed
     # (key, name) of every backend the file names, as ``check_backends`` checks them
     named_backends: list[tuple[str, str]] = field(default_factory=list)
+    single: bool = False  # written without [[sweep]] tables: key paths have no sweep[i].
 
     def jobs(self, limit: int | None = None) -> list[tuple[Case, str]]:
         """(case, backend) pairs in run order: every backend of a case together, sizes rising.
@@ -270,6 +271,12 @@ class Suite:
         v = _Validator(Path(self.path), known_backends)
         for where, name in self.named_backends:
             v.backends(name, where)
+        check_params(self)
+
+    def sweep_where(self, sweep: Sweep) -> str:
+        """The key path of ``sweep`` as the file names it."""
+        i = self.sweeps.index(sweep)
+        return "" if self.single else f"sweep[{i}]."
 
 
 def find_suite(name_or_path: str) -> Path:
@@ -562,7 +569,32 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
                   validate_claims(data.get("claim"), path),
                   validate_comparisons(data.get("comparison"), path, v.axes, v.backends))
     suite.named_backends = v.named_backends
+    suite.single = single
+    if known_backends is not None:
+        check_params(suite)
     return suite
+
+
+def check_params(suite: Suite) -> None:
+    """Every value a sweep gives a backend parameter, checked against its declaration
+    (``Backend.params``): the declaring backends the sweep runs, or any backend that declares
+    it. The one check of those values; BadInput names file, key, value and what is allowed."""
+    from attnbench.core.registry import all_backends
+
+    declared: dict[str, list] = {}
+    for b in all_backends().values():
+        for name in getattr(b, "params", {}):
+            declared.setdefault(name, []).append(b)
+    for sweep in suite.sweeps:
+        for name, values in sweep.axes.items():
+            owners = declared.get(name, [])
+            mine = [b for b in owners if b.name in sweep.backends] or owners
+            for b in mine:
+                for value in values:
+                    why = b.params[name].problem(value)
+                    if why:
+                        raise BadInput(f"{suite.path}: {suite.sweep_where(sweep)}axes.{name} = "
+                                       f"{shown(value)}: a parameter of {b.name}; {why}")
 
 
 def _supports(backend: str, case: Case) -> bool:
