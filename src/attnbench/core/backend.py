@@ -129,8 +129,15 @@ class Backend:
 
     def param_reasons(self, case: Case) -> list[str]:
         """Its declared parameters whose values on ``case`` are not allowed."""
-        values = {n: getattr(case, n) for n in self.params if hasattr(case, n)}
+        values = {n: self.param(case, n) for n in self.params}
         return params_mod.reasons(self.name, self.params, values)
+
+    def param(self, case: Case, name: str):
+        """The value of its declared parameter ``name`` on ``case``: a case field, or one of
+        the case's ``params`` (a plugin's own), else the declared default."""
+        if name in Case.__dataclass_fields__:
+            return getattr(case, name)
+        return params_mod.parse(case.params).get(name, self.params[name].default)
 
     def reads_knob(self, knob: str, mask: str) -> bool:
         """Whether the case knob ``knob`` changes what this backend computes on a case with

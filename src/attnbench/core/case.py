@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from attnbench.core import block_layouts, paging, pretrained
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core import lengths as lengths_axis
+from attnbench.core import params as params_mod
 from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
 from attnbench.core.masks import MaskSpec, visible_pairs
 
@@ -78,6 +79,9 @@ class Case:
     lengths: str = ""  # packed documents per row (core/lengths.py); "" (dense) stays out of keys
     page_size: int = 0  # a paged KV cache's tokens per page (core/paging.py); 0: contiguous
     pages: str = ""  # the page table's layout (core/paging.py); "" without paging
+    # A backend's own parameters that are no field above (a plugin's), as
+    # core/params.py writes them ("alpha=2"); "" stays out of keys
+    params: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -97,6 +101,8 @@ class Case:
         if self.lengths:
             object.__setattr__(self, "lengths", str(lengths_axis.parse(self.lengths)))
         object.__setattr__(self, "pages", paging.check(self.page_size, self.pages))
+        if self.params:
+            object.__setattr__(self, "params", params_mod.text(params_mod.parse(self.params)))
 
     # ---- identity -------------------------------------------------------
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",

@@ -52,3 +52,26 @@ def reasons(owner: str, params: dict[str, Param], values: dict) -> list[str]:
             if why:
                 out.append(f"{name} {values[name]!r}: not allowed by {owner}; {why}")
     return out
+
+
+def parse(text: str) -> dict:
+    """``"alpha=2,mode=x"`` (a case's ``params``) -> {"alpha": 2, "mode": "x"}."""
+    out: dict = {}
+    for part in filter(None, text.split(",")):
+        name, _, raw = part.partition("=")
+        out[name] = _value(raw)
+    return out
+
+
+def text(values: dict) -> str:
+    """The canonical text of parameter values: sorted by name, so one set has one key."""
+    return ",".join(f"{n}={values[n]}" for n in sorted(values))
+
+
+def _value(raw: str):
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
