@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -24,6 +25,12 @@ MODES = ("fwd", "bwd", "fwd_bwd")
 @functools.cache
 def _knob_fields(cls) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.CORE_FIELDS)
+
+
+@functools.cache
+def _knob_split(cls) -> re.Pattern:
+    names = "|".join(sorted(_knob_fields(cls), key=len, reverse=True))
+    return re.compile(rf"-(?=(?:{names})=)")
 
 
 @functools.cache
@@ -108,9 +115,35 @@ class Case:
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
                    "dtype", "device", "mask", "mode", "seed")
 
+    # Knobs of the attention problem itself; the other knobs are backend parameters
+    # (``Backend.params``), part of a record's identity only on the backend that reads them.
+    PROBLEM_KNOBS = ("scale", "inputs", "lengths", "page_size", "pages")
+    # A block_sparse(...) mask's geometry: the problem's on those masks, a parameter elsewhere.
+    BLOCK_GEOMETRY = ("block_size", "block_band", "block_global", "block_random",
+                      "block_pairs", "block_stride")
+
     @classmethod
     def knob_fields(cls) -> tuple[str, ...]:
         return _knob_fields(cls)
+
+    @classmethod
+    def problem_knobs(cls, mask: str) -> tuple[str, ...]:
+        """The knobs that are part of the problem on a case with ``mask``."""
+        block = str(mask).startswith("block_sparse")
+        return cls.PROBLEM_KNOBS + (cls.BLOCK_GEOMETRY if block else ())
+
+    @classmethod
+    def problem_of(cls, key: str, mask: str) -> str:
+        """The problem part of a case key, written now or before backend parameters were
+        given per backend (then every knob was in every backend's key): the key with its
+        backend-parameter knobs dropped. What records of different backends join on."""
+        keep = cls.problem_knobs(mask)
+        first, *knobs = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep)])
+
+    @cached_property
+    def problem(self) -> str:
+        return self.problem_of(self.key, self.mask)
 
     @cached_property
     def key(self) -> str:
