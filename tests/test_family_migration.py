@@ -103,3 +103,21 @@ def test_the_problem_of_a_case_is_its_key_without_backend_parameters():
                   feature_map="favor")
     assert sparse.problem == Case(seq_q=256, seq_k=256, mask="block_sparse(local)",
                                   block_band=3).key
+
+
+def test_compare_pairs_a_published_run_with_one_of_the_rewritten_suite():
+    from attnbench.analysis import run_diff
+
+    old = load_results(FIXTURE / "records.jsonl")
+    shape = ("backend", "seq_q", "mask", "mode", "feature_map", "additive_dim")
+    now = {tuple(getattr(c, f) if f != "backend" else b for f in shape): c.key
+           for c, b in load_suite(str(FAMILY)).jobs()}
+    new = old.assign(key=[now[tuple(r[f] for f in shape)] for _, r in old.iterrows()])
+    # sdpa (4 sizes), linear (5 + 2 fwd_bwd) and linformer (5) lost the block knobs
+    assert (new["key"] != old["key"]).sum() == 16
+    joined = run_diff.join_runs(old, new, "time_ms_median")
+    assert len(joined) == len(old)
+    assert joined["status_base"].notna().all() and joined["status_new"].notna().all()
+    assert (joined["ratio"].dropna() == 1.0).all()
+    # two old runs pair exactly as before
+    assert len(run_diff.join_runs(old, old, "time_ms_median")) == len(old)

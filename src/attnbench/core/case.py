@@ -141,6 +141,16 @@ class Case:
         first, *knobs = _knob_split(cls).split(str(key))
         return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep)])
 
+    @classmethod
+    def identity_of(cls, key: str, mask: str, reads) -> str:
+        """A recorded key as its backend's records are keyed now: the problem, plus the
+        knobs ``reads(name)`` says that backend reads (a key written when every knob was
+        in every backend's key loses the others)."""
+        keep = cls.problem_knobs(mask)
+        first, *knobs = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep
+                                  or reads(k.split("=", 1)[0]))])
+
     @cached_property
     def problem(self) -> str:
         return self.problem_of(self.key, self.mask)
