@@ -32,6 +32,7 @@ from attnbench.core.backend import DIFFERENT, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.dtypes import element_size
 from attnbench.core.masks import INF, allowed_rows, band_row_counts
+from attnbench.core.params import Param
 from attnbench.core.reference import chunk_rows, chunked_reference, masked_softmax
 
 # Bytes per (row, key) pair besides the d_a-wide slice: scores, probabilities and
@@ -263,22 +264,19 @@ class Additive(Backend):
     name = "additive"
     description = ("Bahdanau additive attention w^T tanh(W_q q + W_k k), seeded parameters, "
                    "query-chunked under memory_budget_mb")
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"),
-                        knobs=("additive_dim", "memory_budget_mb"))
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"))
+    params = {"additive_dim": Param(int, 0, minimum=0, doc="d_a; 0 means head_dim"),
+              "memory_budget_mb": Param(int, 256, minimum=1, doc="tanh terms' budget, MiB")}
     semantics = DIFFERENT
 
     def extra_reasons(self, case):
-        out = []
-        if case.memory_budget_mb <= 0:
-            out.append(f"memory_budget_mb must be positive, got {case.memory_budget_mb}")
-        else:
-            need = one_row_bytes(case)
-            if need > case.memory_budget_mb * 2**20:
-                out.append(f"one query row needs {need / 2**20:.1f} MiB of tanh "
-                           f"terms, more than memory_budget_mb={case.memory_budget_mb}")
-        if case.additive_dim < 0:
-            out.append(f"additive_dim must be >= 0 (0 means head_dim), got {case.additive_dim}")
-        return out
+        if self.param_reasons(case):  # refused by its declared parameters already
+            return []
+        need = one_row_bytes(case)
+        if need > case.memory_budget_mb * 2**20:
+            return [f"one query row needs {need / 2**20:.1f} MiB of tanh terms, more than "
+                    f"memory_budget_mb={case.memory_budget_mb}"]
+        return []
 
     def work_flops(self, case):
         """Per visible pair: d_a adds (qp_i + kp_j), d_a tanh, d_a multiply-adds with w

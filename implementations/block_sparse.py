@@ -44,6 +44,7 @@ from torch.autograd.function import once_differentiable
 from attnbench.core import block_layouts
 from attnbench.core.backend import APPROXIMATE, EXACT, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
+from attnbench.core.params import Param
 from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations import _native
 from attnbench.implementations import _segment_attention as segments
@@ -395,20 +396,19 @@ class BlockSparse(Backend):
                    "block_sparse masks, an approximation on dense cases")
     code_files = _native.sources(segments.KERNEL)
     native_kernels = (segments.KERNEL,)  # a run builds these before its first pair
-    caps = Capabilities(masks=("none", "block_sparse"),
-                        knobs=("block_size", "block_band", "block_global", "block_random",
-                               "block_pairs", "block_stride", "block_layout_name"))
+    caps = Capabilities(masks=("none", "block_sparse"))
+    params = {"block_size": Param(int, 64, minimum=1, doc="tokens per tile side"),
+              "block_band": Param(int, 1, minimum=0, doc="layout band, in blocks"),
+              "block_global": Param(int, 1, minimum=0, doc="global blocks"),
+              "block_random": Param(int, 2, minimum=0, doc="random blocks per row"),
+              "block_pairs": Param(tuple, (), doc="explicit layout's (q, k) blocks"),
+              "block_stride": Param(int, 0, minimum=0, doc="strided layout; 0: sqrt"),
+              "block_layout_name": Param(str, "bigbird", choices=block_layouts.LAYOUTS,
+                                         doc="layout on a dense (mask none) case")}
     semantics = APPROXIMATE  # exact on block_sparse cases: impl_reference == case reference
     # Its softmax and gradient numerics are sliding_window's helpers.
     code_modules = ("attnbench.implementations.sliding_window",
                     "attnbench.implementations._segment_attention")
-
-    def extra_reasons(self, case):
-        out = []
-        if case.mask_spec.kind == "none" and case.block_layout_name not in block_layouts.LAYOUTS:
-            out.append(f"block_layout_name {case.block_layout_name!r} unknown "
-                       f"(allowed: {', '.join(block_layouts.LAYOUTS)})")
-        return out
 
     def layout_density(self, case) -> float:
         """Share of the case's pairs its layout holds; 1.0 when it covers every tile, and

@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import allowed_rows
+from attnbench.core.params import Param
 from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations import _linear_fused, _native
 from attnbench.implementations._cpu_threads import split_work
@@ -429,16 +430,13 @@ class Linear(Backend):
                     "attnbench.implementations._linear_grad")
     code_files = _native.sources(_linear_fused.KERNEL)
     native_kernels = (_linear_fused.KERNEL,)  # a run builds these before its first pair
-    caps = Capabilities(masks=("none", "causal"), knobs=("feature_map", "num_features"))
+    caps = Capabilities(masks=("none", "causal"))
+    params = {"feature_map": Param(str, "elu", choices=FEATURE_MAPS, doc="phi: elu+1 or FAVOR+"),
+              "num_features": Param(int, 256, minimum=1, doc="FAVOR+ random features m")}
     semantics = APPROXIMATE
 
     def extra_reasons(self, case):
         out = []
-        if case.feature_map not in FEATURE_MAPS:
-            out.append(f"feature_map {case.feature_map!r} unknown; allowed: "
-                       f"{', '.join(FEATURE_MAPS)}")
-        elif case.feature_map == "favor" and case.num_features <= 0:
-            out.append(f"num_features must be positive for favor, got {case.num_features}")
         if case.mask_spec.kind == "window":
             out.append("linear attention keeps one running state per query and cannot drop "
                        "keys that leave a window; use sliding_window")

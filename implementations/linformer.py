@@ -22,6 +22,7 @@ import torch
 from attnbench.core.backend import APPROXIMATE, Backend, Capabilities
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import MaskSpec
+from attnbench.core.params import Param
 from attnbench.core.reference import RefResult, softmax_reference
 
 _SEED_SALT = 0x11F0A  # projections come from another stream than the inputs
@@ -89,7 +90,8 @@ class Linformer(Backend):
     name = "linformer"
     description = ("softmax attention over K, V projected along the sequence to k rows "
                    "(linformer_k, default 256) by seeded projections; O(N k)")
-    caps = Capabilities(masks=("none",), knobs=("linformer_k",))
+    caps = Capabilities(masks=("none",))
+    params = {"linformer_k": Param(int, 256, minimum=1, doc="rows K and V are projected to")}
     semantics = APPROXIMATE
 
     def approximation(self, case):

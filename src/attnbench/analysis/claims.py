@@ -43,6 +43,7 @@ from attnbench.analysis.claim_checks import (  # noqa: F401
     WHERE_FIELDS,
     validate_claims,
 )
+from attnbench.analysis.comparisons import with_problem
 from attnbench.core import metrics
 from attnbench.core.where import case_matches, where_mask
 from attnbench.stats import intervals, pooling, ratios, sequential, significance
@@ -91,9 +92,11 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[intervals.Interva
     kind = claim["kind"]
     if kind == "ratio":
         sided = "numerator_where" in claim or "denominator_where" in claim
-        on = SHAPE if sided else ["key"]
-        a = _select(df, where | claim.get("numerator_where", {}), claim["numerator"])
-        b = _select(df, where | claim.get("denominator_where", {}), claim["denominator"])
+        on = SHAPE if sided else ["problem"]
+        a = with_problem(_select(df, where | claim.get("numerator_where", {}),
+                                 claim["numerator"]))
+        b = with_problem(_select(df, where | claim.get("denominator_where", {}),
+                                 claim["denominator"]))
         j = ratios.join(a, b, on, [metric] + (["claim_rounds", "claim_stop"]
                                               if "rounds" in claim else []))
         looks = claim_looks(claim)

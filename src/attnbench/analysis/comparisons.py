@@ -58,7 +58,7 @@ class Comparison:
     @property
     def on(self) -> list[str]:
         """The columns two paired records share: the run, and the case key or its shape."""
-        return ["run_id", *(SHAPE if self.pair == "shape" else ["key"])]
+        return ["run_id", *(SHAPE if self.pair == "shape" else ["problem"])]
 
     @property
     def slug(self) -> str:
@@ -126,12 +126,25 @@ class Comparison:
         base, others = self.baseline_records(df), self.backend_records(df)
         if base.empty or others.empty:
             return []
+        base, others = with_problem(base), with_problem(others)
         joined = ratios.join(base, others, self.on, list(df.columns))
         out = []
         for _, row in joined.iterrows():
             shared = {c: row[c] for c in self.on}
             out.append((ratios.side(row, "_a") | shared, ratios.side(row, "_b") | shared))
         return out
+
+
+def with_problem(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a ``problem`` column (``Case.problem_of`` its keys): records of two
+    backends pair on it, so a backend's own parameters never keep it from its baseline."""
+    from attnbench.core.case import Case
+
+    if "problem" in df.columns:
+        return df
+    keys = df["key"] if "key" in df.columns else [""] * len(df)
+    masks = df["mask"] if "mask" in df.columns else [""] * len(df)
+    return df.assign(problem=[Case.problem_of(k, m) for k, m in zip(keys, masks)])
 
 
 def _where_text(where: dict) -> str:

@@ -39,6 +39,7 @@ CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
             "probe_gflops"]
+    base, new = migrated_keys(base, new)
     b = base[[c for c in cols if c in base.columns]]
     n = new[[c for c in cols if c in new.columns]]
     j = b.merge(n, on=["key", "backend"], how="outer", suffixes=("_base", "_new"))
@@ -47,6 +48,38 @@ def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFram
             j[f"{metric}_{side}"] = float("nan")
     j["ratio"] = j[f"{metric}_new"] / j[f"{metric}_base"]
     return j
+
+
+def migrated_keys(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The two runs with keys recorded before a backend's parameters left other backends'
+    keys rewritten as that backend keys them now (``Case.identity_of``), where a record is
+    unmatched on (key, backend) and its rewritten key is unique on its side: an old run then
+    pairs with a new one record by record, and two old runs pair as they did."""
+    if base.empty or new.empty or "key" not in base or "key" not in new:
+        return base, new
+    old = set(zip(base["key"], base["backend"]))
+    now = set(zip(new["key"], new["backend"]))
+    if old == now:
+        return base, new
+    return _rekeyed(base, now), _rekeyed(new, old)
+
+
+def _rekeyed(df: pd.DataFrame, other: set) -> pd.DataFrame:
+    from attnbench.core.case import Case
+    from attnbench.core.registry import all_backends
+
+    known = all_backends()
+    masks = df["mask"] if "mask" in df.columns else [""] * len(df)
+    keys = []
+    for key, mask, backend in zip(df["key"], masks, df["backend"]):
+        b = known.get(backend)
+        if (key, backend) in other or b is None:
+            keys.append(key)
+        else:
+            keys.append(Case.identity_of(key, mask, lambda n, b=b, m=mask: b.reads_knob(n, m)))
+    pairs = pd.Series(list(zip(keys, df["backend"])), index=df.index)
+    clash = pairs.duplicated(keep=False) & (pd.Series(keys, index=df.index) != df["key"])
+    return df.assign(key=[k if not c else old for k, c, old in zip(keys, clash, df["key"])])
 
 
 def _samples(value) -> list[float]:

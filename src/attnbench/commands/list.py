@@ -15,16 +15,17 @@ def add_parser(sub) -> None:
     ls.set_defaults(func=run)
 
 
-def capabilities_text(caps) -> str:
-    """One line of what a backend accepts (``Capabilities``), as ``list`` prints it."""
+def capabilities_text(caps, params=()) -> str:
+    """One line of what a backend accepts (``Capabilities`` and its declared parameters), as
+    ``list`` prints it."""
     parts = [f"devices {', '.join(caps.devices)}", f"dtypes {', '.join(caps.dtypes)}",
              f"masks {', '.join(caps.masks)}", f"modes {', '.join(caps.modes)}",
              f"head_dim {caps.head_dim_min}-{caps.head_dim_max}"]
     limits = {"no GQA": caps.gqa, "no seq_q != seq_k": caps.cross_attention,
               "no head_dim_v != head_dim": caps.dv_differs}
     parts += [what for what, allowed in limits.items() if not allowed]
-    if caps.knobs:
-        parts.append(f"knobs {', '.join(caps.knobs)}")
+    if params:
+        parts.append(f"knobs {', '.join(params)}")
     if caps.requires:
         parts.append(f"needs {', '.join(caps.requires)}")
     return "; ".join(parts)
@@ -39,7 +40,7 @@ def _lines(rows: list[dict], caps: dict) -> list[str]:
                    f"{r['description']}")
         if not r["available"]:
             out.append(f"{'':<{width}}  reason: {r['reason']}")
-        out.append(f"{'':<{width}}  supports: {capabilities_text(caps[r['name']])}")
+        out.append(f"{'':<{width}}  supports: {capabilities_text(*caps[r['name']])}")
     return out
 
 
@@ -48,10 +49,12 @@ def run(args) -> int:
     from attnbench.core.registry import all_backends
 
     rows = list_backends()
-    caps = {r["name"]: all_backends()[r["name"]].caps for r in rows}
+    caps = {r["name"]: (all_backends()[r["name"]].caps, all_backends()[r["name"]].params)
+            for r in rows}
     if args.json:
         for row in rows:
-            row["capabilities"] = dataclasses.asdict(caps[row["name"]])
+            cap, params = caps[row["name"]]
+            row["capabilities"] = dataclasses.asdict(cap) | {"knobs": list(params)}
         text = json.dumps(rows, indent=2)
     else:
         text = "\n".join(_lines(rows, caps))

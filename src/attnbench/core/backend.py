@@ -23,6 +23,7 @@ import torch
 
 from attnbench.core import lengths as lengths_axis
 from attnbench.core import paging
+from attnbench.core import params as params_mod
 from attnbench.core.case import MODES, Case, Inputs
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -48,9 +49,6 @@ class Capabilities:
     cross_attention: bool = True  # seq_q != seq_k
     dv_differs: bool = True  # head_dim_v != head_dim
     requires: tuple[str, ...] = ()  # importable modules needed at all
-    # Case knobs this backend reads on every case (``Backend.reads_knob``): the ones a line
-    # of its records may be named by
-    knobs: tuple[str, ...] = ()
     lengths: bool = False  # packed variable-length batches (a case's ``lengths``)
     dense: bool = True  # False: packed batches only (a baseline defined by its padding)
     paged: bool = False  # a paged KV cache (a case's ``page_size``, core/paging.py)
@@ -107,6 +105,10 @@ class Backend:
     description: str = ""
     caps: Capabilities = Capabilities()
     semantics: str = EXACT
+    # The case knobs this backend reads on every case, declared once with their limits
+    # (core/params.py): suites are checked against them, and a line of its records may be
+    # named by them (``reads_knob``).
+    params: dict[str, params_mod.Param] = {}
 
     # ---- availability and support -------------------------------------
     def is_available(self) -> tuple[bool, str]:
@@ -123,13 +125,25 @@ class Backend:
 
     def not_supported_reasons(self, case: Case) -> list[str]:
         """Readable reasons this case cannot run here; an empty list means supported."""
-        return self.caps.reasons(case) + self.extra_reasons(case)
+        return self.caps.reasons(case) + self.param_reasons(case) + self.extra_reasons(case)
+
+    def param_reasons(self, case: Case) -> list[str]:
+        """Its declared parameters whose values on ``case`` are not allowed."""
+        values = {n: self.param(case, n) for n in self.params}
+        return params_mod.reasons(self.name, self.params, values)
+
+    def param(self, case: Case, name: str):
+        """The value of its declared parameter ``name`` on ``case``: a case field, or one of
+        the case's ``params`` (a plugin's own), else the declared default."""
+        if name in Case.__dataclass_fields__:
+            return getattr(case, name)
+        return params_mod.parse(case.params).get(name, self.params[name].default)
 
     def reads_knob(self, knob: str, mask: str) -> bool:
         """Whether the case knob ``knob`` changes what this backend computes on a case with
-        ``mask``: its declared knobs, the block knobs on a block-sparse mask, the scale."""
+        ``mask``: its declared parameters, the block knobs on a block-sparse mask, the scale."""
         block = knob.startswith("block_") and knob != "block_layout_name"
-        return knob in self.caps.knobs or knob == "scale" or (
+        return knob in self.params or knob == "scale" or (
             block and str(mask).startswith("block_sparse"))
 
     def extra_reasons(self, case: Case) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 from attnbench.core import block_layouts, paging, pretrained
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core import lengths as lengths_axis
+from attnbench.core import params as params_mod
 from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
 from attnbench.core.masks import MaskSpec, visible_pairs
 
@@ -23,6 +25,12 @@ MODES = ("fwd", "bwd", "fwd_bwd")
 @functools.cache
 def _knob_fields(cls) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.CORE_FIELDS)
+
+
+@functools.cache
+def _knob_split(cls) -> re.Pattern:
+    names = "|".join(sorted(_knob_fields(cls), key=len, reverse=True))
+    return re.compile(rf"-(?=(?:{names})=)")
 
 
 @functools.cache
@@ -78,6 +86,9 @@ class Case:
     lengths: str = ""  # packed documents per row (core/lengths.py); "" (dense) stays out of keys
     page_size: int = 0  # a paged KV cache's tokens per page (core/paging.py); 0: contiguous
     pages: str = ""  # the page table's layout (core/paging.py); "" without paging
+    # A backend's own parameters that are no field above (a plugin's), as
+    # core/params.py writes them ("alpha=2"); "" stays out of keys
+    params: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -87,7 +98,7 @@ class Case:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
         for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim",
-                     "head_dim_v", "block_size", "linformer_k"):
+                     "head_dim_v", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.heads_q % self.heads_kv:
@@ -97,14 +108,52 @@ class Case:
         if self.lengths:
             object.__setattr__(self, "lengths", str(lengths_axis.parse(self.lengths)))
         object.__setattr__(self, "pages", paging.check(self.page_size, self.pages))
+        if self.params:
+            object.__setattr__(self, "params", params_mod.text(params_mod.parse(self.params)))
 
     # ---- identity -------------------------------------------------------
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
                    "dtype", "device", "mask", "mode", "seed")
 
+    # Knobs of the attention problem itself; the other knobs are backend parameters
+    # (``Backend.params``), part of a record's identity only on the backend that reads them.
+    PROBLEM_KNOBS = ("scale", "inputs", "lengths", "page_size", "pages")
+    # A block_sparse(...) mask's geometry: the problem's on those masks, a parameter elsewhere.
+    BLOCK_GEOMETRY = ("block_size", "block_band", "block_global", "block_random",
+                      "block_pairs", "block_stride")
+
     @classmethod
     def knob_fields(cls) -> tuple[str, ...]:
         return _knob_fields(cls)
+
+    @classmethod
+    def problem_knobs(cls, mask: str) -> tuple[str, ...]:
+        """The knobs that are part of the problem on a case with ``mask``."""
+        block = str(mask).startswith("block_sparse")
+        return cls.PROBLEM_KNOBS + (cls.BLOCK_GEOMETRY if block else ())
+
+    @classmethod
+    def problem_of(cls, key: str, mask: str) -> str:
+        """The problem part of a case key, written now or before backend parameters were
+        given per backend (then every knob was in every backend's key): the key with its
+        backend-parameter knobs dropped. What records of different backends join on."""
+        keep = cls.problem_knobs(mask)
+        first, *knobs = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep)])
+
+    @classmethod
+    def identity_of(cls, key: str, mask: str, reads) -> str:
+        """A recorded key as its backend's records are keyed now: the problem, plus the
+        knobs ``reads(name)`` says that backend reads (a key written when every knob was
+        in every backend's key loses the others)."""
+        keep = cls.problem_knobs(mask)
+        first, *knobs = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep
+                                  or reads(k.split("=", 1)[0]))])
+
+    @cached_property
+    def problem(self) -> str:
+        return self.problem_of(self.key, self.mask)
 
     @cached_property
     def key(self) -> str:

@@ -20,6 +20,7 @@ from attnbench.analysis.comparisons import Comparison, validate_comparisons
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core import lengths as lengths_axis
 from attnbench.core import paging
+from attnbench.core import params as params_mod
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
@@ -35,7 +36,7 @@ else:  # pragma: no cover
 TOP_KEYS = ("name", "description", "backends", "axes", "derive", "exclude", "timing", "defaults",
             "sweep", "claim", "comparison",
             "models")  # read by runs/model_suite.py (attnbench model), not by attnbench run
-SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude", "devices")
+SWEEP_KEYS = ("name", "backends", "axes", "derive", "exclude", "devices", "params")
 DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it runs on
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
@@ -50,11 +51,11 @@ TIMING_MAX = {"warmup_s": 3600.0, "rewarm_s": 60.0, "budget_s": 86400.0, "timeou
 CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
 AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
 INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
+# The problem's own bounds; a backend parameter's are in its declaration (check_params).
 POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
-                 "head_dim_v", "block_size", "num_features", "memory_budget_mb",
-                 "linformer_k"}
+                 "head_dim_v", "block_size"}
 NON_NEGATIVE_AXES = {"seed", "block_band", "block_global", "block_random", "block_stride",
-                     "additive_dim", "page_size"}
+                     "page_size"}
 SEQ_AXES = ("seq_len", "seq_q", "seq_k")
 # Axes whose values a Case checks together (heads_q must be a multiple of heads_kv).
 JOINT_AXES = ("heads_q", "heads_kv")
@@ -83,6 +84,30 @@ class Sweep:
     # backends the command line added to a sweep that does not list them: each runs only on
     # the cases it supports, so it adds no `unsupported` record nobody asked for
     supported_only: tuple[str, ...] = ()
+    # [sweep.params.BACKEND]: parameter -> values given to that backend's cases only, so
+    # they enter its records' keys and no other backend's
+    params: dict[str, dict[str, list]] = field(default_factory=dict)
+
+    def backend_cases(self, case: Case, backend: str) -> list[Case]:
+        """``case`` with each combination of the parameters this sweep gives ``backend``."""
+        own = self.params.get(backend)
+        if not own:
+            return [case]
+        names = list(own)
+        out = []
+        for values in itertools.product(*(own[n] for n in names)):
+            given = dict(zip(names, values))
+            extra = {n: v for n, v in given.items() if n not in CASE_FIELDS}
+            mine = case.replace(**{n: v for n, v in given.items() if n in CASE_FIELDS})
+            if extra:
+                mine = mine.replace(params=params_mod.text(params_mod.parse(mine.params)
+                                                           | extra))
+            out.append(mine)
+        return out
+
+    def combinations(self, backend: str) -> int:
+        """How many cases ``backend_cases`` makes of one case for ``backend``."""
+        return math.prod(len(set(map(str, v))) for v in self.params.get(backend, {}).values())
 
     def runs_on(self, device: str) -> bool:
         return not self.devices or device.split(":")[0] in self.devices
@@ -156,7 +181,8 @@ class Sweep:
         derived, count whole), so the lower bound subtracts each rule's maximum."""
         distinct = {k: len(set(v)) for k, v in self.axes.items() if k != "device"}
         backends = set(self.backends)
-        high = math.prod(distinct.values()) * len(backends)
+        weight = {b: self.combinations(b) for b in backends}
+        high = math.prod(distinct.values()) * sum(weight.values())
         removed = 0
         for rule in self.exclude:
             if any(k not in self.axes and k not in self.derive and k not in CASE_FIELDS
@@ -165,7 +191,8 @@ class Sweep:
             if "backend" not in rule and any(k not in self.axes and k not in self.derive
                                              for k in rule):
                 continue  # an axis rule matches only axes (and derived ones) of the point
-            n = len(backends & set(rule["backend"])) if "backend" in rule else len(backends)
+            n = sum(weight[b] for b in (backends & set(rule["backend"]) if "backend" in rule
+                                        else backends))
             for axis, count in distinct.items():
                 n *= len(set(self.axes[axis]) & set(rule[axis])) if axis in rule else count
             removed += n
@@ -219,6 +246,7 @@ class Suite:
     notes: list[str] = field(default_factory=list)  # what command-line overrides changed
     # (key, name) of every backend the file names, as ``check_backends`` checks them
     named_backends: list[tuple[str, str]] = field(default_factory=list)
+    single: bool = False  # written without [[sweep]] tables: key paths have no sweep[i].
 
     def jobs(self, limit: int | None = None) -> list[tuple[Case, str]]:
         """(case, backend) pairs in run order: every backend of a case together, sizes rising.
@@ -230,12 +258,15 @@ class Suite:
                 for case in sweep.iter_cases():
                     excluded = sweep.excluded_backends(case)
                     for backend in sweep.backends:
-                        if backend in excluded or (case.key, backend) in seen:
+                        if backend in excluded:
                             continue
-                        if backend in sweep.supported_only and not _supports(backend, case):
-                            continue
-                        seen.add((case.key, backend))
-                        jobs.append((case, backend))
+                        for own in sweep.backend_cases(case, backend):
+                            if (own.key, backend) in seen or (
+                                    backend in sweep.supported_only
+                                    and not _supports(backend, own)):
+                                continue
+                            seen.add((own.key, backend))
+                            jobs.append((own, backend))
                     if limit is not None and len(jobs) > limit:
                         return jobs
             except ValueError as exc:  # a combination load could not check in full
@@ -270,6 +301,12 @@ class Suite:
         v = _Validator(Path(self.path), known_backends)
         for where, name in self.named_backends:
             v.backends(name, where)
+        check_params(self)
+
+    def sweep_where(self, sweep: Sweep) -> str:
+        """The key path of ``sweep`` as the file names it."""
+        i = self.sweeps.index(sweep)
+        return "" if self.single else f"sweep[{i}]."
 
 
 def find_suite(name_or_path: str) -> Path:
@@ -430,6 +467,42 @@ class _Validator:
                                         f"{', '.join(sorted(self.known_backends))}")
         return list(raw)
 
+    def backend_params(self, raw, backends: list[str], where: str) -> dict[str, dict[str, list]]:
+        """[sweep.params.BACKEND] tables: the values' forms here; whether the backend declares
+        each parameter, and allows its values, is ``check_params``'s."""
+        if not isinstance(raw, dict):
+            self.fail(where.rstrip("."), raw, "must be a table of [params.BACKEND] tables")
+        out: dict[str, dict[str, list]] = {}
+        for backend, table in raw.items():
+            if backend not in backends:
+                self.fail(f"{where}{backend}", table, f"not a backend of this sweep; allowed: "
+                                                      f"{', '.join(backends)}")
+            if not isinstance(table, dict) or not table:
+                self.fail(f"{where}{backend}", table,
+                          "must be a non-empty table of parameter = value or [values]")
+            out[backend] = {n: self.param_values(n, v, f"{where}{backend}.")
+                            for n, v in table.items()}
+        return out
+
+    def param_values(self, name: str, raw, where: str) -> list:
+        if name in Case.CORE_FIELDS or name in ("seq_len", "params", "device"):
+            self.fail(where + name, raw, "a problem axis, not a backend parameter; give it "
+                                         "in axes")
+        if name in CASE_FIELDS:
+            return self.axis_values(name, raw, where)
+        if not name.isidentifier():
+            self.fail(where + name, raw, "not a parameter name; allowed: a Python identifier")
+        values = raw if isinstance(raw, list) else [raw]
+        if not values:
+            self.fail(where + name, raw, "empty list; give at least one value")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)) or (
+                    isinstance(v, str) and (not v or "," in v or "=" in v)) or (
+                    isinstance(v, float) and not math.isfinite(v)):
+                self.fail(where + name, v, "allowed: an integer, a finite number or a "
+                                           "non-empty string without ',' or '='")
+        return values
+
     def excludes(self, raw, where: str) -> list[dict[str, list]]:
         if raw is None:
             return []
@@ -543,7 +616,9 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
         sweep_name = s.get("name", f"sweep{i}")
         if not isinstance(sweep_name, str) or not sweep_name:
             v.fail(f"{where}name", sweep_name, "must be a non-empty string")
-        sweep = Sweep(sweep_name, backends, axes, excludes, derive, tuple(devices))
+        own_params = v.backend_params(s.get("params", {}), backends, f"{where}params.")
+        sweep = Sweep(sweep_name, backends, axes, excludes, derive, tuple(devices),
+                      params=own_params)
         bad = sweep.bounds_problem()
         if bad:
             v.fail(f"{where}axes.{bad[0]}", bad[1], bad[2])
@@ -562,7 +637,50 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
                   validate_claims(data.get("claim"), path),
                   validate_comparisons(data.get("comparison"), path, v.axes, v.backends))
     suite.named_backends = v.named_backends
+    suite.single = single
+    if known_backends is not None:
+        check_params(suite)
     return suite
+
+
+def check_params(suite: Suite) -> None:
+    """Every value a sweep gives a backend parameter, checked against its declaration
+    (``Backend.params``): the declaring backends the sweep runs, or any backend that declares
+    it. The one check of those values; BadInput names file, key, value and what is allowed."""
+    from attnbench.core.registry import all_backends
+
+    declared: dict[str, list] = {}
+    for b in all_backends().values():
+        for name in getattr(b, "params", {}):
+            declared.setdefault(name, []).append(b)
+    for sweep in suite.sweeps:
+        _check_own_params(suite, sweep, all_backends())
+        for name, values in sweep.axes.items():
+            owners = declared.get(name, [])
+            mine = [b for b in owners if b.name in sweep.backends] or owners
+            for b in mine:
+                for value in values:
+                    why = b.params[name].problem(value)
+                    if why:
+                        raise BadInput(f"{suite.path}: {suite.sweep_where(sweep)}axes.{name} = "
+                                       f"{shown(value)}: a parameter of {b.name}; {why}")
+
+
+def _check_own_params(suite: Suite, sweep: Sweep, known: dict) -> None:
+    """[sweep.params.BACKEND]: each a parameter that backend declares, with allowed values."""
+    for backend, table in sweep.params.items():
+        b = known.get(backend)
+        if b is None:  # an unknown name is check_backends' error
+            continue
+        for name, values in table.items():
+            where = f"{suite.path}: {suite.sweep_where(sweep)}params.{backend}.{name}"
+            if name not in b.params:
+                raise BadInput(f"{where} = {shown(values[0])}: not a parameter of {backend}; "
+                               f"allowed: {', '.join(b.params) or 'none (it declares none)'}")
+            for value in values:
+                why = b.params[name].problem(value)
+                if why:
+                    raise BadInput(f"{where} = {shown(value)}: {why}")
 
 
 def _supports(backend: str, case: Case) -> bool:
