@@ -71,18 +71,9 @@ def run(args) -> int:
 
 
 def _retry(args) -> tuple[str, ...]:
-    """The statuses ``--retry`` names, checked as ``run --retry`` checks them."""
-    from attnbench.core.record import STATUSES
-    from attnbench.runs.overrides import csv_list
+    from attnbench.runs.overrides import retry_statuses
 
-    retry = tuple(csv_list(args.retry) or ())
-    if retry and not args.resume:
-        raise BadInput("--retry: only with --resume RUN_ID")
-    for status in retry:
-        if status not in STATUSES or status == "ok":
-            raise BadInput(f"--retry {status!r}: allowed: "
-                           f"{', '.join(s for s in STATUSES if s != 'ok')}")
-    return retry
+    return retry_statuses(args.retry, args.resume)
 
 
 def _resumed(args, known: list[str]):

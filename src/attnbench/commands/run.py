@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from attnbench.core.errors import BadInput
-from attnbench.runs.overrides import csv_list
 
 GATE_STATUSES = ("wrong", "error", "crashed", "timeout")
 
@@ -155,18 +154,11 @@ def _replay(args) -> dict:
 def run(args) -> int:
     # Up to the plan's size check nothing imports torch, pandas or scipy.stats (about 3 s
     # here): a suite of millions of pairs is refused in a fraction of a second.
-    from attnbench.core.record import STATUSES
-    from attnbench.runs.overrides import finish_selection, read_selection
+    from attnbench.runs.overrides import finish_selection, read_selection, retry_statuses
     from attnbench.runs.plan import check_plan, expand, make_plan, size_problem
 
     _check_threads(args.threads)
-    retry = tuple(csv_list(args.retry) or ())
-    if retry and not args.resume:
-        raise BadInput("--retry: only with --resume RUN_ID")
-    for status in retry:
-        if status not in STATUSES or status == "ok":
-            raise BadInput(f"--retry {status!r}: allowed: "
-                           f"{', '.join(s for s in STATUSES if s != 'ok')}")
+    retry = retry_statuses(args.retry, args.resume)
     if args.resume and args.run_id and args.run_id != args.resume:
         raise BadInput(f"--run-id {args.run_id!r} with --resume {args.resume!r}: allowed: "
                        f"one of them (--resume names the run)")

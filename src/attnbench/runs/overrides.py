@@ -11,6 +11,21 @@ def csv_list(text: str | None) -> list[str] | None:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
+def retry_statuses(text: str | None, resume: str | None) -> tuple[str, ...]:
+    """The statuses ``--retry`` names (``run`` and ``model`` alike): only with ``--resume``,
+    and never ``ok``."""
+    from attnbench.core.record import STATUSES
+
+    retry = tuple(csv_list(text) or ())
+    if retry and not resume:
+        raise BadInput("--retry: only with --resume RUN_ID")
+    for status in retry:
+        if status not in STATUSES or status == "ok":
+            raise BadInput(f"--retry {status!r}: allowed: "
+                           f"{', '.join(s for s in STATUSES if s != 'ok')}")
+    return retry
+
+
 def positive_ints(option: str, text: str | None) -> list[int] | None:
     items = csv_list(text)
     if items is None:
