@@ -217,7 +217,7 @@ def test_a_model_run_gets_an_html_report_with_charts_and_a_table(tmp_path):
     text = md.read_text()
     assert text.index("## Answers") < text.index("## Models")
     answers = text[text.index("## Answers"):text.index("## Models")]
-    # the fixture's minilm step: naive 0.868x [0.678, 1.32] over sdpa, so no winner is named
+    # the fixture's minilm step has no margin whose interval excludes 1: no winner named
     assert "minilm batch 2, N = 256, train: no exact backend differs from sdpa" in answers
     table = summary(MODEL_RUN)
     assert "train vs sdpa" in table.splitlines()[0] and "minilm b2 N=256" in table
