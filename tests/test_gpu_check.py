@@ -1,7 +1,8 @@
-"""The GPU check's fault handling, as far as a CPU can prove it: step 1's scheduler with a
-worker that segfaults and one whose CUDA context is poisoned, CUDA faults told from
-candidates that do not fit, the flex warm-up list, the summary of an empty run.
-(The end-to-end rehearsal with injected faults is in tests/test_triton_flash.py.)"""
+"""The GPU check's fault handling, as far as a CPU can prove it: step 1's tasks in the
+correctness harness with a worker that segfaults and one whose CUDA context is poisoned,
+CUDA faults told from candidates that do not fit, the task list, the flex warm-up list, the
+summary of an empty run. (The end-to-end rehearsal with injected faults is in
+tests/test_triton_flash.py.)"""
 
 import os
 import subprocess
@@ -11,20 +12,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))  # spawned workers import it by name, as here
+sys.path.insert(0, str(ROOT / "scripts"))
 
-import gpu_correctness as gc  # noqa: E402
+import gpu_correctness as cli  # noqa: E402
 
 from attnbench.implementations import _triton_flash_kernels as K  # noqa: E402
+from attnbench.measure import correctness, gpu_check  # noqa: E402
 
 
 def test_a_segfault_and_a_cuda_fault_fail_only_their_own_tasks():
     """Tasks 2 (segfault) and 4 (CUDA fault, which poisons its process) on 2 processes:
     every other task finishes, none in a poisoned process (an injected fault makes every
     later task of that process fail 'poisoned by task 4')."""
-    tasks = [("noop", (i,)) for i in range(8)]
+    tasks = [gpu_check.as_task("noop", (i,)) for i in range(8)]
     got = []
-    stats = gc.run_tasks(tasks, 2, {2: "segv", 4: "cuda"}, got.extend)
+    stats = correctness.run_tasks(tasks, 2, got.extend, {2: "segv", 4: "cuda"})
     by_task = {r["task"]: r for r in got}
     assert sorted(by_task) == list(range(8)) and len(got) == 8
     assert by_task[2]["ok"] is False and by_task[2]["crashed"]
@@ -37,18 +39,18 @@ def test_a_segfault_and_a_cuda_fault_fail_only_their_own_tasks():
 
 
 def test_fault_spec_is_checked():
-    assert gc.parse_faults("segv@1, cuda@3", 5) == {1: "segv", 3: "cuda"}
-    assert gc.parse_faults("", 5) == {}
+    assert gpu_check.parse_faults("segv@1, cuda@3", 5) == {1: "segv", 3: "cuda"}
+    assert gpu_check.parse_faults("", 5) == {}
     with pytest.raises(SystemExit, match="GPU_CHECK_FAULTS item 'oom@1'"):
-        gc.parse_faults("oom@1", 5)
+        gpu_check.parse_faults("oom@1", 5)
     with pytest.raises(SystemExit, match="I < 5"):
-        gc.parse_faults("segv@5", 5)
+        gpu_check.parse_faults("segv@5", 5)
 
 
 def test_pool_size_is_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
-    assert gc.worker_count() == 3
-    assert gc.worker_count(7) == 7
+    assert correctness.default_jobs() == 3
+    assert correctness.default_jobs(7) == 7
 
 
 @pytest.mark.parametrize("text, fault", [
@@ -85,11 +87,11 @@ def test_flex_warm_up_covers_every_flex_job_of_the_h200_suite():
     """Step 1 compiles every flex shape and mode that step 2 runs (so step 2 hits the cache)."""
     from attnbench.runs.suite import load_suite
 
-    cases = gc.suite_flex_jobs("h200", "cuda")
+    cases = cli.suite_flex_jobs("h200", "cuda")
     suite_flex = [c.key for c, b in load_suite("h200").jobs_on("cuda") if b == "flex"]
     assert [c.key for c in cases] == suite_flex and len(set(suite_flex)) == len(suite_flex)
     assert {c.mode for c in cases} == {"fwd", "bwd"} and len(cases) == 6
-    assert gc.suite_flex_jobs(None, "cuda") == []
+    assert cli.suite_flex_jobs(None, "cuda") == []
 
 
 def test_summary_of_a_run_without_records_says_so_in_one_line(tmp_path):

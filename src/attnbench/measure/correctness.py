@@ -6,7 +6,8 @@ float64 evaluation under the dtype's tolerance (``execute.open_job``, whose verd
 CPU); ``check_cases`` and ``run_tasks`` run each case in the run's worker
 (``measure/worker.py``), ``jobs`` of them at once, so a case that crashes its process or
 hangs costs that case alone, and a process whose CUDA context a case poisoned is retired
-and replaced before the next case. ``scripts/gpu_correctness.py`` is a CLI over this.
+and replaced before the next case. ``scripts/gpu_correctness.py`` is a CLI over this and
+the GPU check's task list (``measure/gpu_check.py``).
 
 Each check gives rows (the GPU check's JSON): ``check`` (a label), ``tensor``, ``ok``
 (True, False, or None when it cannot run here: unsupported or unavailable, with the
@@ -91,6 +92,16 @@ def check_jobs(pairs: list[tuple[Case, str]], jobs: int = 1, timeout_s: float = 
     return sorted(rows, key=lambda r: r["task"])
 
 
+def default_jobs(requested: int | None = None) -> int:
+    """Workers to run: the CPUs this process may use (its affinity mask), not the host's."""
+    if requested:
+        return requested
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 2
+
+
 def is_cuda_fault(exc: BaseException) -> bool:
     """Whether ``exc`` is a CUDA fault, after which every later call of the process fails
     (not a candidate that does not fit); Triton's launcher's words included when present."""
@@ -159,8 +170,10 @@ def run_tasks(tasks: list[Task], jobs: int, on_result: Callable[[list[dict]], No
     ``on_result(rows)`` after each. A worker that died or hung (killed after ``timeout_s``)
     fails only its task and is replaced; one whose task raised a CUDA fault is retired and
     replaced, so the tasks after it run in a clean process. Returns counts: ``crashed``
-    (tasks that cost their process) and ``retired`` processes."""
+    (tasks that cost their process) and ``retired`` processes. Interrupted (Ctrl-C, or a
+    time limit's SIGINT), it kills every worker before re-raising."""
     faults = faults or {}
+    made: list[IsolatedExecutor] = []
     todo = list(range(len(tasks)))[::-1]  # popped from the end: the list's order
     lock = threading.Lock()
     stats = {"crashed": 0, "retired": 0}
@@ -173,7 +186,9 @@ def run_tasks(tasks: list[Task], jobs: int, on_result: Callable[[list[dict]], No
                     if not todo:
                         return
                     i = todo.pop()
-                executor = executor or IsolatedExecutor(config=config or WorkerConfig())
+                if executor is None:
+                    executor = IsolatedExecutor(config=config or WorkerConfig())
+                    made.append(executor)
                 status, rows = executor.call(guarded, (tasks[i], i, faults.get(i, "")),
                                              timeout_s)
                 with lock:
@@ -192,7 +207,12 @@ def run_tasks(tasks: list[Task], jobs: int, on_result: Callable[[list[dict]], No
     lanes = [threading.Thread(target=lane, daemon=True) for _ in range(min(jobs, len(tasks)))]
     for t in lanes:
         t.start()
-    for t in lanes:
-        while t.is_alive():  # short joins: Ctrl-C (the time limit) reaches the caller
-            t.join(0.2)
+    try:
+        for t in lanes:
+            while t.is_alive():  # short joins: Ctrl-C (the time limit) reaches the caller
+                t.join(0.2)
+    except KeyboardInterrupt:
+        for executor in made:  # no orphan may hold the GPU once the caller has stopped
+            executor.kill()
+        raise
     return stats

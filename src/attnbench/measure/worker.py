@@ -400,6 +400,12 @@ class IsolatedExecutor:
         return "crashed", f"worker process {how}" + (f"; its last output: {said}"
                                                        if said else "")
 
+    def kill(self) -> None:
+        """The worker killed now, without waiting for it (a caller that is stopping)."""
+        proc = self.proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
+
     def close(self) -> None:
         if self.proc is not None and self.proc.is_alive():
             try:
