@@ -11,8 +11,9 @@ backends through ``hf_adapter``), and for each step, ``fwd`` (inference forward)
 3. the kernel level: the very attention case the model called (shape, mask, GQA, scale,
    mode), timed as ``backend.prepare`` closures in interleaved rounds of their own, so a
    model-level speedup sits beside the kernel-level one of the same shapes (Amdahl);
-4. attention's share of the step: separate passes with ``AttentionClock`` (it synchronises,
-   so never inside the timed rounds), one share per pass;
+4. attention's share of the step: separate passes of the step, each timed by the timing
+   loop with ``AttentionClock`` marking its attention calls (it synchronises, so never
+   inside the rounds of 2), one share per pass;
 5. peak memory of one step above what the model and inputs hold;
 6. output deviation from eager on the forward: relative L2 of the last hidden state and,
    for a sentence-embedding model, the cosine similarity of the mean-pooled embeddings.
@@ -112,30 +113,35 @@ def deviation(out: torch.Tensor, ref: torch.Tensor, built: BuiltModel) -> dict:
     return cols
 
 
-def attention_share(built: BuiltModel, backend: str, step: str, passes: int) -> dict:
-    """Median share of the step spent in attention calls, with its 95% interval."""
-    import time
+# The share's passes: exactly ``passes`` timed calls of the step (it has just been timed, so
+# no warm-up), each by CUDA events after the L2 flush on a GPU (a graph cannot hold the
+# attention clock's synchronisations, so never cudagraph), by the loop's clock on a CPU.
+def share_budget(passes: int) -> TimingBudget:
+    return TimingBudget(warmup_s=0.0, budget_s=0.0, min_reps=passes, max_reps=passes,
+                        min_warmup=0, rewarm_s=0.0, method="events")
 
+
+def attention_share(built: BuiltModel, backend: str, step: str, passes: int) -> dict:
+    """Median share of the step spent in attention calls, with its 95% interval: passes of
+    the step timed by the timing loop, the attention calls inside each by ``AttentionClock``."""
     if backend == EAGER:
         return {"attn_share_note": "eager runs transformers' own attention code, which the "
                                    "adapter does not time"}
     attn = hf_adapter.adapter(backend)
     fn = step_closure(built, backend, step)
     dev = next(built.model.parameters()).device
-    shares = []
-    for _ in range(passes):
+    attention_s = []
+
+    def step_pass():
         attn.clock = hf_adapter.AttentionClock(dev)
         try:
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
             fn()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            total = time.perf_counter() - t0
-            shares.append(attn.clock.seconds / total)
         finally:
+            attention_s.append(attn.clock.seconds)
             attn.clock = None
+
+    timing = measure_interleaved([step_pass], dev, share_budget(passes), samplers=[])[0]
+    shares = [a / (ms / 1e3) for a, ms in zip(attention_s, timing.samples_ms)]
     iv = median_interval(shares)
     return {"attn_share": statistics.median(shares), "attn_share_lo": iv.low,
             "attn_share_hi": iv.high, "attn_share_samples": shares}
