@@ -23,6 +23,7 @@ from attnbench.reporting.document import Bullets, Details, Figure, Figures, Head
 from attnbench.reporting.interval_text import ratio_text
 from attnbench.runs.model_records import read_model_records
 from attnbench.runs.record_files import read_meta, write_atomic
+from attnbench.stats import significance
 from attnbench.stats.intervals import paired_ratio_interval, ratio_interval
 
 BASELINE = "sdpa"
@@ -208,9 +209,10 @@ def job_answer(records: list[dict]) -> str | None:
         return None
     step, label, k, m, pred = found[-1]  # the training step when there is one
     first = records[0]
-    if m is not None and m.low > 1:
+    said = significance.decide(m, lower_is_better=False) if m is not None else None
+    if said == significance.BETTER:
         verdict = f"{label} fastest, {_x(m)} over sdpa"
-    elif m is not None and m.high < 1:
+    elif said == significance.WORSE:
         verdict = f"sdpa fastest; the next exact backend, {label}, at {_x(m)} of its speed"
     else:
         verdict = f"no exact backend differs from sdpa (the fastest other, {label}, {_x(m)})"
