@@ -131,7 +131,7 @@ CLOCK_READERS = {
     "implementations/_triton_flash_kernels.py": (2, "how long the autotune took, once"),
     "implementations/flex.py": (2, "the first call's compile time, once"),
     "scripts/gpu_report_cost.py": (2, "one whole command's wall time (a cost estimate)"),
-    "scripts/gpu_correctness.py": (2, "elapsed seconds in its progress lines"),
+    "scripts/gpu_correctness.py": (3, "elapsed seconds in its progress lines"),
 }
 
 

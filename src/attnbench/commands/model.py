@@ -4,7 +4,6 @@ suite, on its own device); ``--report RUN`` only rebuilds a run's report."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -98,13 +97,13 @@ def _in_fresh_process(suite, device, args, retry) -> int:
     """The run in a spawned process whose OpenMP pool waits passively: spinning idle threads
     (the default, fixed when torch loads) made a 0.1 ms linear layer take 17 ms on the
     loaded 2-core machine (a minute per tiny model step instead of a second)."""
+    from attnbench.measure.worker import run_in_fresh_process
+
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    child = multiprocessing.get_context("spawn").Process(
-        target=_child, args=(suite, device, args.out, args.run_id or args.resume,
-                             bool(args.resume), retry, args.report_dir))
-    child.start()
-    child.join()
-    return child.exitcode
+    # Not a worker's call: the whole command, unbounded in time, whose steps may start
+    # processes (inductor's compile workers), which a daemonic worker may not.
+    return run_in_fresh_process(_child, (suite, device, args.out, args.run_id or args.resume,
+                                         bool(args.resume), retry, args.report_dir))
 
 
 def _child(suite, device, out, run_id, resume, retry, report_dir) -> None:

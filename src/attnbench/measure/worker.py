@@ -228,6 +228,15 @@ class InProcessExecutor:
         pass
 
 
+def run_in_fresh_process(target, args: tuple) -> int:
+    """``target(*args)`` in a fresh spawned process, waited for; its exit code. Unlike a
+    worker it has no pipe and no time limit, and it may start processes of its own."""
+    child = mp.get_context("spawn").Process(target=target, args=args)
+    child.start()
+    child.join()
+    return child.exitcode
+
+
 def setup_ran_out(what: str, limit_s: float) -> str:
     """A ``timeout`` record's reason when setup, not the timed work, took too long."""
     return (f"setup ({what}) took longer than its {limit_s:g} s limit "
