@@ -13,9 +13,11 @@ import pytest
 
 from attnbench.measure import correctness, gpu_check
 
+ALL_PARTS = {"flex", "shapes", "configs", "backends"}  # the script's default --parts
+
 
 def test_the_smoke_task_list_is_the_rehearsals_eleven_tasks_in_order():
-    tasks = gpu_check.task_list(set(gpu_check.PARTS), [], smoke=True)
+    tasks = gpu_check.task_list(ALL_PARTS, [], smoke=True)
     labels = [t.label for t in tasks]
     assert labels[:4] == [
         "shape bfloat16 (1, 2, 1, 33, 47, 40, 24, 'window(5,3)')",
@@ -32,7 +34,7 @@ def test_the_gpu_task_list_covers_every_shape_candidate_and_backend():
     from attnbench.implementations import triton_flash
 
     K = triton_flash.kernels()
-    tasks = gpu_check.task_list(set(gpu_check.PARTS), [], smoke=False)
+    tasks = gpu_check.task_list(ALL_PARTS, [], smoke=False)
     kinds = [t.label.split()[0] for t in tasks]
     n_configs = sum(len(K.candidate_configs(k, d, d)) for k in ("fwd", "dkdv", "dq")
                     for _, d, _ in gpu_check.GPU.combos)

@@ -117,10 +117,6 @@ class MachineMove:
                      f"record whose answer depends on which is divided out is 'cannot tell'")
         return text
 
-    def run_to_run_text(self) -> str:
-        """The run-to-run allowance each record's interval was widened by, in words."""
-        return between_text(self.between)
-
 
 def between_text(between: float | None) -> str:
     """'run-to-run allowance +-5% (the declared floor)' or '+-7% (from the unchanged

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from attnbench.core.case import Case
 from attnbench.measure.correctness import Task, check_task
 
-PARTS = ("flex", "shapes", "configs", "backends")
-
 
 @dataclass(frozen=True)
 class Grid:

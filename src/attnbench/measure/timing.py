@@ -23,8 +23,7 @@ import torch
 
 from attnbench.measure import samplers as sampler_registry
 from attnbench.measure import timing_methods
-from attnbench.measure.budget import TimingBudget  # noqa: F401  (its old import path)
-from attnbench.measure.timing_methods import l2_flush_buffer  # noqa: F401  (its old path)
+from attnbench.measure.budget import TimingBudget
 from attnbench.stats.intervals import Interval, median_interval
 
 # The CPU clock every timing here reads (seconds). A module attribute, so tests replace it

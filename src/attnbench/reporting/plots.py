@@ -36,7 +36,6 @@ from attnbench.core import accuracy  # noqa: E402
 from attnbench.reporting import guide_lines  # noqa: E402
 from attnbench.reporting import lines as line_groups  # noqa: E402
 
-DPI = 100
 SVG_RC = {"svg.fonttype": "none",  # text as <text>, not one path per glyph
           "svg.hashsalt": "attnbench",  # ids from this salt, not from a random one
           "font.sans-serif": ["DejaVu Sans", "Arial"],  # each <text> repeats the list
