@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
 """Every GPU backend of suites/h200.toml against the float64 reference, first of all.
 
-A CLI over the correctness harness: the task list and its criteria are
-``attnbench.measure.gpu_check``'s, and the tasks run in ``attnbench.measure.correctness``'s
-workers (a process that dies or hangs fails only its task; one whose CUDA context a task
-poisoned is retired). ``GPU_CHECK_FAULTS=segv@I,cuda@J`` injects those faults into tasks I
-and J to rehearse this on a CPU. The JSON (``--out``) is rewritten after every task, so a
-run cut short by its time limit still holds what finished. Exit code 1 if any check failed
+A CLI over the correctness harness: the tasks and criteria are ``attnbench.measure.gpu_check``'s,
+run in ``attnbench.measure.correctness``'s workers (a task that crashes or hangs its process
+fails alone; a process a CUDA fault poisoned is retired). ``GPU_CHECK_FAULTS=segv@I,cuda@J``
+injects those faults into tasks I and J, to rehearse on a CPU. ``--out`` is rewritten after
+every task, so a run cut by its time limit keeps what finished. Exit code 1 if a check failed
 or the run was interrupted, 2 without a GPU.
 
 Usage: python scripts/gpu_correctness.py [--out FILE.json] [--jobs N] [--suite SUITE]
@@ -21,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 
 def suite_flex_jobs(suite_name: str | None, device: str) -> list:
@@ -50,8 +50,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, _interrupt_once)
     write = (lambda doc: _write(args.out, doc)) if args.out else (lambda doc: None)
-    # from the first second: a step cut before any task still says so
-    write({"tasks": None, "finished": 0, "results": [],
+    write({"tasks": None, "finished": 0, "results": [],  # a step cut before any task says so
            "state": "starting (importing torch and triton)"})
     if args.smoke:  # before torch/triton: the kernels must be defined interpreted
         os.environ["TRITON_INTERPRET"] = "1"
@@ -65,9 +64,9 @@ def main(argv=None) -> int:
         return 2
     from attnbench.measure import correctness, gpu_check
 
-    parts = set(args.parts.split(","))
-    flex = suite_flex_jobs(args.suite, "cpu" if args.smoke else "cuda") if "flex" in parts else []
+    parts, flex = set(args.parts.split(",")), []
     if "flex" in parts:
+        flex = suite_flex_jobs(args.suite, "cpu" if args.smoke else "cuda")
         print(f"gpu_correctness: flex warm-up, {len(flex)} compiles (every flex shape and mode "
               f"of {args.suite or 'no suite'}): " + (", ".join(c.key for c in flex) or "none"),
               flush=True)
@@ -98,24 +97,19 @@ def main(argv=None) -> int:
                         "state": "interrupted (time limit)"})
         os._exit(1)  # now: waiting for the workers could outlast timeout's grace period
     write(header | {"finished": len(finished), "results": results, "state": "done"} | stats)
-    n_bad = sum(r["ok"] is False for r in results)
-    print(f"gpu_correctness: {sum(r['ok'] is True for r in results)} checks passed, {n_bad} "
-          f"failed, {sum(r['ok'] is None for r in results)} not runnable, {stats['crashed']} "
-          f"tasks crashed their process, {stats['retired']} processes retired after a CUDA "
-          f"fault, {time.perf_counter() - t0:.0f} s", flush=True)
-    return 1 if n_bad else 0
+    print(gpu_check.summary_line(results, stats, time.perf_counter() - t0), flush=True)
+    return 1 if any(r["ok"] is False for r in results) else 0
 
 
 def _interrupt_once(signum, frame):
-    """`timeout` sends SIGINT to this process and then to its whole group, so it comes
-    twice; the second must not interrupt the saving of what finished."""
+    """`timeout` sends SIGINT here and then to the whole group: the second must not cut
+    the saving of what finished."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def _write(path: str, doc: dict) -> None:
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(doc, f, indent=1)
+    Path(f"{path}.tmp").write_text(json.dumps(doc, indent=1))
     os.replace(f"{path}.tmp", path)
 
 

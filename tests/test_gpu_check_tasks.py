@@ -94,3 +94,10 @@ def test_progress_lines_name_each_failed_and_skipped_check():
     assert lines == ["  [   3.0s] FAIL shape x (2 checks, 1 failed, 1 not runnable)",
                      "      FAIL shape x dq: maxabs 0.5 rel 0.1 (rel<=0.01)",
                      "      not runnable shape x: no GQA"]
+
+
+def test_the_summary_line_counts_checks_and_lost_processes():
+    rows = [{"ok": True}, {"ok": True}, {"ok": False}, {"ok": None}]
+    assert gpu_check.summary_line(rows, {"crashed": 1, "retired": 2}, 14.6) == (
+        "gpu_correctness: 2 checks passed, 1 failed, 1 not runnable, 1 tasks crashed their "
+        "process, 2 processes retired after a CUDA fault, 15 s")

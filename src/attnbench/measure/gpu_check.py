@@ -259,3 +259,13 @@ def progress_lines(rows: list[dict], elapsed_s: float) -> list[str]:
         out.append(f"      FAIL {r['check']} {r['tensor']}: {what}")
     out += [f"      not runnable {r['check']}: {r['error']}" for r in skipped]
     return out
+
+
+def summary_line(rows: list[dict], stats: dict, elapsed_s: float) -> str:
+    """The check's last line: checks passed, failed and not runnable, and the processes lost."""
+    said = {k: sum(r["ok"] is v for r in rows) for k, v in
+            (("passed", True), ("failed", False), ("not runnable", None))}
+    return (f"gpu_correctness: {said['passed']} checks passed, {said['failed']} failed, "
+            f"{said['not runnable']} not runnable, {stats['crashed']} tasks crashed their "
+            f"process, {stats['retired']} processes retired after a CUDA fault, "
+            f"{elapsed_s:.0f} s")
