@@ -81,7 +81,7 @@ def test_widen_adds_the_between_run_half_width_in_quadrature():
     wide = run_to_run.widen(iv, 0.04)
     assert math.log(1 / wide.low) == pytest.approx(0.05)
     assert math.log(wide.high) == pytest.approx(math.sqrt(0.04 ** 2 + 0.04 ** 2))
-    assert run_to_run.half_width() == pytest.approx(math.log1p(run_to_run.FLOOR))
+    assert run_to_run.half_width() == pytest.approx(run_to_run.two_runs())
     assert run_to_run.half_width(0.2) == 0.2  # replicates wider than the floor win
 
 
