@@ -163,10 +163,10 @@ def test_witnesses_that_disagree_make_the_affected_records_cannot_tell():
     decided, move = _verdicts(base, new)
     assert move.other is not None and "WITNESSES DISAGREE" in move.describe()
     assert (decided["change"] == "cannot tell").all()
-    # the probe agreeing with the backends (the machine itself 3x slower): all unchanged
+    # the probe agreeing with the backends (the machine itself 3x slower): nothing changed
     new_slow = new.assign(probe_gflops=100.0 / 3)
     decided, move = _verdicts(base, new_slow)
-    assert move.other is None and (decided["change"] == "unchanged").all()
+    assert move.other is None and not decided["change"].isin(["worse", "better"]).any()
 
 
 def test_witnesses_disagree_needs_a_gap_and_disjoint_intervals():
