@@ -285,9 +285,11 @@ class Packing:
         if key not in self._blocks:
             rows = [(s, n, b0) for s, n in zip(self.starts, self.lengths)
                     for b0 in range(0, n, block)]
-            # causal: block b0 of a document of n visits about b0 (queries: n - b0) of the
-            # other side; both are ordered the same way by the larger of the two
-            rows.sort(key=lambda r: -(max(r[2] + block, r[1] - r[2]) if causal else r[1]))
+            # causal: query block b0 of a document of n visits its first min(b0 + block, n)
+            # keys, key block b0 its last n - b0 queries; one list serves both, ordered by
+            # the larger
+            rows.sort(key=lambda r: -(max(min(r[2] + block, r[1]), r[1] - r[2]) if causal
+                                      else r[1]))
             self._blocks[key] = torch.tensor(rows, dtype=torch.int32,
                                              device=device).reshape(-1, 3)
         return self._blocks[key]
