@@ -230,3 +230,28 @@ def test_block_list_covers_every_block_once_longest_first():
         assert blocks[-1] == [0, 1, 0]  # the one-token document has the least work
     assert p.blocks(16, False, "cpu")[0].tolist()[1] == 48
     assert K.Packing.of_cu_seqlens(torch.tensor([0, 3, 10])).lengths == (3, 7)
+
+
+def _nvidia_backend_present() -> bool:
+    try:
+        from triton.backends import backends
+
+        return "nvidia" in backends
+    except Exception:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _nvidia_backend_present(), reason="Triton's NVIDIA backend is missing")
+def test_varlen_kernels_compile_for_hopper_without_a_gpu():
+    """The interpreter accepts code the compiler rejects: compile the three kernels for sm_90
+    (ptxas included, in a fresh process without the interpreter) with the untuned GPU
+    configuration, causal, d = 128 in bf16, and check they fit an H100 without spilling."""
+    from attnbench.implementations import _triton_flash_meta as M
+
+    got = M.sm90_metadata("attnbench.implementations._triton_varlen", ("fwd", "dkdv", "dq"),
+                          128, 128, "bfloat16", (0.1, True))
+    assert set(got) == {"fwd", "dkdv", "dq"}
+    for name, m in got.items():
+        assert m["shared_bytes"] <= 227 * 1024, name
+        assert m["spill_bytes"] == 0, name
