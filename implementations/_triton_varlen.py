@@ -363,6 +363,14 @@ def tune(q, k, v, grad_out, packing: Packing, plan: Plan, log=None) -> dict[str,
 
     def pick(kernel, run):
         key = tune_key(kernel, q, k, v, plan, packing)
+        # a dense call of the longest document's length tuned in this process: its tile,
+        # with no candidate compiled again (the GPU check's time budget counts on it)
+        longest = F._seq_bucket(packing.max_seqlen)
+        dense = F._TUNED.get((kernel, *key[1:4], plan.kind, key[5], longest, longest))
+        if key not in _TUNED and dense is not None:
+            if log:
+                log(f"triton_flash varlen tune {kernel}: {dense}, the dense kernel's")
+            _TUNED[key] = dense
         if key not in _TUNED:
             best = F.fastest(kernel, F.configs_for(kernel, q, v), run, F._bench_ms, log)
             if best is None:

@@ -255,3 +255,33 @@ def test_varlen_kernels_compile_for_hopper_without_a_gpu():
     for name, m in got.items():
         assert m["shared_bytes"] <= 227 * 1024, name
         assert m["spill_bytes"] == 0, name
+
+
+def test_tuning_takes_the_dense_tile_of_the_longest_document(monkeypatch):
+    # on a GPU, a dense call of the longest document's length tuned in this process gives
+    # its tiles, with no candidate timed; the CPU path is faked to the CUDA branch
+    from attnbench.implementations import _triton_flash_kernels as F
+
+    K = TV()
+    monkeypatch.setattr(K, "INTERPRET", False)
+    monkeypatch.setattr(K, "_TUNED", {})
+    rows, n = ((100, 28), (128,)), 128
+    q, k, v = torch.zeros(2, 4, n, 64), torch.zeros(2, 2, n, 64), torch.zeros(2, 2, n, 64)
+    packing, plan = K.Packing.of_rows(rows, n), K.Plan(0.1, True)
+    tiles = {"fwd": K.Config(64, 32), "dkdv": K.Config(32, 64), "dq": K.Config(64, 64)}
+    for name, cfg in tiles.items():
+        monkeypatch.setitem(F._TUNED, (name, 64, 64, "torch.float32", "causal", True, 128, 128),
+                            cfg)
+    monkeypatch.setattr(F, "fastest", lambda *a, **kw: pytest.fail("a candidate was timed"))
+
+    class Cuda:  # q.device.type == "cuda" without a GPU; nothing is launched
+        type = "cuda"
+
+    monkeypatch.setattr(K, "forward", lambda *a, **kw: (torch.zeros(2, 4, n, 64),
+                                                        torch.zeros(2, 4, n)))
+    monkeypatch.setattr(F, "_delta", lambda o, do: torch.zeros(2, 4, n))
+    go = torch.zeros(2, 4, n, 64)
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: Cuda()))
+    got = K.tune(q, k, v, go, packing, plan)
+    monkeypatch.undo()  # torch.Tensor.device first of all
+    assert got == tiles
