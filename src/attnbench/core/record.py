@@ -74,6 +74,11 @@ OPTIONAL_COLUMNS = {
     "triton_compiled_source": "where triton_compiled comes from: the binary that ran on the "
                               "GPU, or a compile for sm_90 without a GPU (interpreter runs)",
 }
+OPTIONAL_COLUMNS |= {  # a packed batch's worst document (core/accuracy.py), per tensor
+    f"err_doc_{t}_{what}": f"packed batch: {desc} of the document with the largest {t} error "
+                           f"(err_doc_{t}_rel)"
+    for t in ("out", "dq", "dk", "dv")
+    for what, desc in (("row", "the row"), ("doc", "the index within its row"))}
 # The device's state while the record's group was measured (measure/device_state.py) and how
 # a GPU sample was taken (measure/timing_methods.py). Absent where not readable; records
 # written before them load without them.
