@@ -77,6 +77,11 @@ OPTIONAL_COLUMNS = {
                    "interpreter' (TRITON_INTERPRET=1); such a time is not a speed and is "
                    "kept out of every speed conclusion (its error still counts)",
 }
+OPTIONAL_COLUMNS |= {  # a packed batch's worst document (core/accuracy.py), per tensor
+    f"err_doc_{t}_{what}": f"packed batch: {desc} of the document with the largest {t} error "
+                           f"(err_doc_{t}_rel)"
+    for t in ("out", "dq", "dk", "dv")
+    for what, desc in (("row", "the row"), ("doc", "the index within its row"))}
 # The device's state while the record's group was measured (measure/device_state.py) and how
 # a GPU sample was taken (measure/timing_methods.py). Absent where not readable; records
 # written before them load without them.

@@ -179,8 +179,10 @@ def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
     else:
         soft_cols = accuracy.error_columns("err_vs_softmax", outputs, exact_ref.as_dict(),
                                            floor)
-    wrong = accuracy.verdict(outputs, impl_cols, case.dtype)
-    record.update(**impl_cols, **soft_cols)
+    doc_cols = accuracy.document_columns(case, inputs, outputs,
+                                         (impl_ref or exact_ref).as_dict())
+    wrong = accuracy.verdict(outputs, impl_cols | doc_cols, case.dtype)
+    record.update(**impl_cols, **soft_cols, **doc_cols)
     if wrong:
         record.update(status="wrong", reason=wrong)
 

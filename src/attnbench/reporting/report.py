@@ -447,7 +447,8 @@ class Report:
 
 # a share of a measured ceiling, shown in brackets beside the rate it divides (one table
 # per rate, not two with the same rows)
-FOLDED = {"frac_matmul": "tflops", "frac_bandwidth": "gbps"}
+FOLDED = {"frac_matmul": "tflops", "frac_bandwidth": "gbps",
+          "err_doc_out_len": "err_doc_out_rel"}
 
 
 MANIFEST = ".attnbench-report.json"  # the files a build wrote: the only ones it may remove
