@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def gate(base: dict[str, list[float]], new: dict[str, list[float]], threshold: f
                  f"{counts['better']} better, {counts['unchanged']} unchanged, "
                  f"{counts['cannot tell']} cannot tell, of {len(base)} (threshold "
                  f"{threshold:.0%}, 95% intervals with a run-to-run allowance of "
-                 f"+-{run_to_run.FLOOR:.0%}, at least {significance.MIN_SAMPLES} rounds a side)")
+                 f"+-{math.expm1(between):.0%}, at least {significance.MIN_SAMPLES} rounds a side)")
     return lines, failed
 
 

@@ -51,18 +51,19 @@ UNALIGNED_ARGS = ("LEFT", "RIGHT")  # band offsets: any integer, no divisibility
 
 
 def launch_signature(fn, consts: dict, pointer_dtype: str, pointers,
-                     fp32_pointers) -> tuple[dict, dict, dict]:
+                     fp32_pointers, i32_pointers=()) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) of a kernel as a launch on contiguous inputs of the
     h200 suite's shapes specialises it: pointers (Q, K, ... in the inputs' dtype; the
-    log-sum-exp and delta in fp32) and other integers divisible by 16, unit strides and a
-    group of 1 constant, the scales fp32."""
+    log-sum-exp and delta in fp32; a packed batch's block list in int32) and other integers
+    divisible by 16, unit strides and a group of 1 constant, the scales fp32."""
     sig, constexprs, attrs = {}, {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in consts or UNIT_ARGS.match(arg):
             sig[arg] = "constexpr"
             constexprs[(i,)] = consts.get(arg, 1)
-        elif arg in pointers or arg in fp32_pointers:
-            sig[arg] = "*" + ("fp32" if arg in fp32_pointers else pointer_dtype)
+        elif arg in pointers or arg in fp32_pointers or arg in i32_pointers:
+            sig[arg] = "*" + ("fp32" if arg in fp32_pointers else
+                              "i32" if arg in i32_pointers else pointer_dtype)
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif arg.endswith("scale"):
             sig[arg] = "fp32"
@@ -107,7 +108,7 @@ def compile_sm90(K, kernel: str, d: int, dv: int, dtype: torch.dtype, plan, cfg=
     fn = K.KERNELS[kernel]
     consts = K.launch_constants(d, dv, plan, cfg, dtype)
     sig, constexprs, attrs = launch_signature(fn, consts, TRITON_DTYPES[dtype], K.POINTERS,
-                                              K.FP32_POINTERS)
+                                              K.FP32_POINTERS, getattr(K, "I32_POINTERS", ()))
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                         target=GPUTarget("cuda", SM90, 32),
                         options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})

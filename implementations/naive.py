@@ -17,8 +17,8 @@ from attnbench.implementations._varlen import document_allowed
 class Naive(Backend):
     name = "naive"
     description = "softmax(Q K^T * scale) V with the full score matrix; GQA by repeating K/V"
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True,
-                        paged=True)
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), any_mask=True,
+                        lengths=True, paged=True)
 
     def build(self, case, inputs):
         if case.page_size:

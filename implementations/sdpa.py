@@ -260,8 +260,8 @@ def paged_sdpa(case, inputs):
 class Sdpa(Backend):
     name = "sdpa"
     description = "torch scaled_dot_product_attention, kernel chosen by PyTorch"
-    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), lengths=True,
-                        paged=True)
+    caps = Capabilities(masks=("none", "causal", "window", "block_sparse"), any_mask=True,
+                        lengths=True, paged=True)
 
     def extra_reasons(self, case):
         if not case.lengths or case.page_size:

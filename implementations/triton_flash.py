@@ -10,7 +10,8 @@ first imported (importing ``triton`` earlier is harmless). That is why the kerne
 imported on first use and not when the registry imports this file.
 
 A paged cache (``page_size``) runs the split-KV decode kernel of ``_triton_paged.py``, which
-reads the pool through the block table.
+reads the pool through the block table. A packed batch (``lengths``) runs the varlen kernels
+of ``_triton_varlen.py`` over the rows in place, each document attending within itself.
 
 Environment: ``ATTNBENCH_TRITON_FLASH_TUNE=0`` skips tuning (the first candidate of each
 kernel runs); ``ATTNBENCH_TRITON_FLASH_TUNE_LOG=1`` prints every tuned candidate's time.
@@ -66,7 +67,8 @@ def interpreter_mode() -> bool:
 class TritonFlash(Backend):
     name = "triton_flash"
     code_modules = ("attnbench.implementations._triton_flash_kernels",
-                    "attnbench.implementations._triton_paged")
+                    "attnbench.implementations._triton_paged",
+                    "attnbench.implementations._triton_varlen")
     description = ("FlashAttention-2 written in Triton for this suite: fp32 online softmax "
                    "(exp2), recomputing backward, masked-block skipping, GQA without copies, "
                    "autotuned in build")
@@ -80,6 +82,7 @@ class TritonFlash(Backend):
         cross_attention=True,
         dv_differs=True,
         requires=("triton",),
+        lengths=True,
         paged=True,
     )
 
@@ -121,6 +124,8 @@ class TritonFlash(Backend):
     def build(self, case, inputs):
         if case.page_size:
             return self._paged(case, inputs)[0]
+        if case.lengths:
+            return self._varlen(case, inputs)[0]
         K = kernels()
         plan = self._plan(case)
         self._tune(case, inputs, plan)
@@ -133,6 +138,8 @@ class TritonFlash(Backend):
     def prepare(self, case, inputs) -> Prepared:
         if case.page_size:
             return self._prepare_paged(case, inputs)
+        if case.lengths:
+            return self._prepare_varlen(case, inputs)
         K = kernels()
         plan = self._plan(case)
         _, tune_s = self._tune(case, inputs, plan)
@@ -156,13 +163,55 @@ class TritonFlash(Backend):
                             else "columns_after_check"): compiled}
         return prepared
 
+    def _sibling(self, name: str):
+        """Another kernel module of this backend, imported after the dense one (which fixes
+        interpreter or compiled for all of them)."""
+        kernels()
+        return importlib.import_module(_kernels_module_name().replace("_triton_flash_kernels",
+                                                                      name))
+
+    def _varlen(self, case, inputs):
+        """(the packed kernels' f(q, k, v) over the case's rows in place, the kernel module,
+        the packing, the plan, the tuning seconds)."""
+        from attnbench.implementations._varlen import rows_of
+
+        TV = self._sibling("_triton_varlen")
+        packing = TV.Packing.of_rows(rows_of(case), case.seq_q)
+        plan = TV.Plan(float(case.softmax_scale), case.mask == "causal")
+        tune_s = 0.0
+        if _env_on("ATTNBENCH_TRITON_FLASH_TUNE", "1"):
+            log = print if _env_on("ATTNBENCH_TRITON_FLASH_TUNE_LOG") else None
+            with torch.no_grad():
+                _, tune_s = TV.timed_tune(inputs.q, inputs.k, inputs.v,
+                                          inputs.grad_out if case.needs_grad else None,
+                                          packing, plan, log)
+
+        def triton_varlen(q, k, v):
+            return TV.attention(q, k, v, packing, plan)  # (B, Hq, N, Dv)
+
+        return triton_varlen, TV, packing, plan, tune_s
+
+    def _prepare_varlen(self, case, inputs) -> Prepared:
+        f, TV, packing, plan, tune_s = self._varlen(case, inputs)
+        q, k, v = inputs.q, inputs.k, inputs.v
+        names = ["fwd", "dkdv", "dq"] if case.needs_grad else ["fwd"]
+        view = TV.bound(packing)
+        configs = " ".join(f"{n}={view.config_for(n, q, k, v, plan)}" for n in names)
+        mode = "interpreter" if TV.INTERPRET else "compiled"
+        prepared = wrap_mode(f, case, inputs)
+        M = meta()
+        compiled = lambda: M.compiled_columns(view, names, q, k, v, plan)  # noqa: E731
+        prepared.extras.update({
+            "kernel": f"triton_flash[varlen-{plan.kind}] {configs} ({mode})",
+            "compile_s": round(tune_s, 3),
+            **M.config_columns(view, names, q, k, v, plan),
+            ("columns_when_profiled" if TV.INTERPRET else "columns_after_check"): compiled})
+        return prepared
 
     def _paged(self, case, inputs):
         """(the paged decode kernel's f(q, k, v) over the pool built at setup, which reads
         no k, v; the kernel module; the cache)."""
-        kernels()  # first: it fixes interpreter or compiled for both kernel modules
-        TP = importlib.import_module(_kernels_module_name().replace("_triton_flash_kernels",
-                                                                    "_triton_paged"))
+        TP = self._sibling("_triton_paged")
         from attnbench.implementations import _paged
 
         pc = _paged.setup(case, inputs)

@@ -11,6 +11,10 @@
   ``LowerTriangularFromBottomRightMask``, ``window(L, 0)`` is
   ``LowerTriangularFromBottomRightLocalAttentionMask(L + 1)``, other windows
   ``LocalAttentionFromBottomRightMask(L, R)``. Block-sparse layouts have no bias class.
+* A packed batch (``lengths``) runs over all its tokens as one sequence, BMHK
+  ``(1, B*N, H, D)`` (BMGHK for GQA as above), with ``BlockDiagonalMask`` (causal:
+  ``BlockDiagonalCausalMask``) built from the documents' lengths, so each document attends
+  within itself (:func:`varlen_bias_spec`, :func:`packed_q`, :func:`packed_kv`).
 * Where xformers is missing, cannot load its compiled ops, or has no operator for a
   case, the record says so with xformers' own reasons on one line.
 """
@@ -28,6 +32,7 @@ from attnbench.core.backend import Backend, Capabilities, wrap_mode
 from attnbench.core.case import Inputs
 from attnbench.core.errors import NotSupported
 from attnbench.core.masks import INF, MaskSpec
+from attnbench.implementations._varlen import from_tokens_major, rows_of, tokens_major
 
 INSTALL_HINT = "xformers is not installed (pip install attnbench[xformers])"
 
@@ -124,6 +129,31 @@ def kv_from_xformers(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2)
 
 
+def varlen_bias_spec(rows, causal: bool) -> tuple[str, list[int]]:
+    """The block-diagonal bias of a packed batch: (class name in fmha.attn_bias, the
+    documents' lengths over the rows laid end to end), built with ``from_seqlens``."""
+    name = "BlockDiagonalCausalMask" if causal else "BlockDiagonalMask"
+    return name, [n for row in rows for n in row]
+
+
+def packed_q(q: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, Hq, N, D) -> (1, B*N, Hq, D), or (1, B*N, Hkv, G, D) when group > 1 (a copy)."""
+    t = tokens_major(q).unsqueeze(0)  # (1, T, Hq, D)
+    _, T, H, D = t.shape
+    return t if group == 1 else t.view(1, T, H // group, group, D)
+
+
+def packed_kv(k: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, Hkv, N, D) -> (1, B*N, Hkv, D), or (1, B*N, Hkv, 1, D) when group > 1 (a copy)."""
+    t = tokens_major(k).unsqueeze(0)  # (1, T, Hkv, D)
+    return t if group == 1 else t.unsqueeze(3)
+
+
+def from_packed(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """(1, B*N, H, D), (1, B*N, Hkv, G, D) or (1, B*N, Hkv, 1, D) back to (B, H', N, D)."""
+    return from_tokens_major(x.reshape(x.shape[1], -1, x.shape[-1]), batch)
+
+
 _NO_OP = re.compile(r"^No operator found for `([^`]+)`")
 _OP_NO = re.compile(r"^Operator `([^`]+)` does not support inputs")
 _NOT_SUPPORTED = re.compile(r"^`([^`]+)` is not supported because:?$")
@@ -203,6 +233,7 @@ class Xformers(Backend):
             masks=("none", "causal", "window"),
             modes=("fwd", "bwd", "fwd_bwd") if has_bw else ("fwd",),
             requires=("xformers",),
+            lengths=True,
         )
 
     def _ops(self, fmha):
@@ -234,8 +265,12 @@ class Xformers(Backend):
     # ---- computation ------------------------------------------------------------
     def _native(self, fmha, case):
         """The timed function in xformers' layout, and the bias."""
-        spec = bias_spec(case.mask_spec, case.seq_q, case.seq_k)
-        bias = None if spec is None else getattr(fmha.attn_bias, spec[0])(*spec[1])
+        if case.lengths:  # a packed batch: one sequence of B*N tokens, block-diagonal
+            name, seqlens = varlen_bias_spec(rows_of(case), case.mask == "causal")
+            bias = getattr(fmha.attn_bias, name).from_seqlens(seqlens)
+        else:
+            spec = bias_spec(case.mask_spec, case.seq_q, case.seq_k)
+            bias = None if spec is None else getattr(fmha.attn_bias, spec[0])(*spec[1])
         group, scale = case.group_size, case.scale  # scale None: xformers' 1/sqrt(D)
         ops = self._ops(fmha)
         op = None if ops is None else (ops if ops[1] is not None else ops[0])
@@ -277,15 +312,24 @@ class Xformers(Backend):
             raise NotSupported(self.name, [why])
         native, bias, ops = self._native(fmha, case)
         group = case.group_size
-        self._check(fmha, case, native, bias, ops, q_to_xformers(inputs.q, group),
-                    kv_to_xformers(inputs.k, group), kv_to_xformers(inputs.v, group))
+        to_q, to_kv, back = self._layout(case)
+        self._check(fmha, case, native, bias, ops, to_q(inputs.q, group),
+                    to_kv(inputs.k, group), to_kv(inputs.v, group))
 
-        def xformers_attention(q, k, v):  # (B, H, N, D) in and out; views only
-            out = native(q_to_xformers(q, group), kv_to_xformers(k, group),
-                         kv_to_xformers(v, group))
-            return q_from_xformers(out)  # (B, Hq, Nq, Dv)
+        def xformers_attention(q, k, v):  # (B, H, N, D) in and out
+            out = native(to_q(q, group), to_kv(k, group), to_kv(v, group))
+            return back["q"](out)  # (B, Hq, Nq, Dv)
 
         return xformers_attention
+
+    @staticmethod
+    def _layout(case):
+        """(q to xformers, k/v to xformers, {"q", "kv": back to (B, H, N, D)}): views of the
+        dense layout, or the packed (1, B*N, ...) copies of a packed batch."""
+        if case.lengths:
+            back = lambda x: from_packed(x, case.batch)  # noqa: E731
+            return packed_q, packed_kv, {"q": back, "kv": back}
+        return q_to_xformers, kv_to_xformers, {"q": q_from_xformers, "kv": kv_from_xformers}
 
     def prepare(self, case, inputs):
         fmha, why = _import_fmha()
@@ -293,20 +337,19 @@ class Xformers(Backend):
             raise NotSupported(self.name, [why])
         native, bias, ops = self._native(fmha, case)
         group = case.group_size
+        to_q, to_kv, back = self._layout(case)
         # Native-layout copies, made once here so the timed closure does no transposes.
-        qn = q_to_xformers(inputs.q, group).contiguous()  # (B, Nq, H, D) | (B, Nq, Hkv, G, D)
-        kn = kv_to_xformers(inputs.k, group).contiguous()  # (B, Nk, Hkv, D) | (.., Hkv, 1, D)
-        vn = kv_to_xformers(inputs.v, group).contiguous()
-        go = None if inputs.grad_out is None else \
-            q_to_xformers(inputs.grad_out, group).contiguous()
+        qn = to_q(inputs.q, group).contiguous()  # (B, Nq, H, D) | (B, Nq, Hkv, G, D)
+        kn = to_kv(inputs.k, group).contiguous()  # (B, Nk, Hkv, D) | (.., Hkv, 1, D)
+        vn = to_kv(inputs.v, group).contiguous()  # packed: B = 1, Nq = Nk = B*N
+        go = None if inputs.grad_out is None else to_q(inputs.grad_out, group).contiguous()
         self._check(fmha, case, native, bias, ops, qn, kn, vn)
         prepared = wrap_mode(native, case, Inputs(qn, kn, vn, go))
         native_outputs = prepared.outputs
 
         def outputs(result):
-            back = {"out": q_from_xformers, "dq": q_from_xformers, "dk": kv_from_xformers,
-                    "dv": kv_from_xformers}
-            return {n: back[n](t) for n, t in native_outputs(result).items()}
+            side = {"out": "q", "dq": "q", "dk": "kv", "dv": "kv"}
+            return {n: back[side[n]](t) for n, t in native_outputs(result).items()}
 
         prepared.outputs = outputs
         if ops is not None:

@@ -151,7 +151,7 @@ def test_plan_of_10000_pairs_asks_once_per_pair_and_per_geometry(tmp_path, monke
     counts: dict[str, int] = {}
     _counting(monkeypatch, Backend, "not_supported_reasons", counts)
     _counting(monkeypatch, block_layouts, "longformer_mod", counts)
-    _counting(monkeypatch, masks, "band_row_counts", counts)
+    _counting(monkeypatch, masks.band, "band_row_counts", counts)  # where the band counts
     _counting(monkeypatch, additive, "key_range", counts)
     suite = load_suite(str(_suite(tmp_path, PLAN_SUITE)))
     jobs = plan_mod.expand(suite, "cpu", force=False)

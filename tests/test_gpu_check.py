@@ -144,8 +144,8 @@ def test_the_h200_suite_times_packed_batches_and_paged_decode_on_cuda():
     jobs = load_suite("h200").jobs_on("cuda")
     packed = [(c, b) for c, b in jobs if c.lengths]
     paged = [(c, b) for c, b in jobs if c.page_size]
-    assert len(jobs) == 168 and len(packed) == 8 and len(paged) == 6
-    assert {b for _, b in packed} == {"sdpa", "sdpa_padded"}
+    assert len(jobs) == 176 and len(packed) == 16 and len(paged) == 6
+    assert {b for _, b in packed} == {"sdpa", "triton_flash", "xformers", "sdpa_padded"}
     assert {c.lengths for c, _ in packed} == {"uniform(64,1024)", "lognormal(256,1)"}
     assert all(c.batch * c.seq_q == 16384 and c.mask == "none" for c, _ in packed)
     assert {b for _, b in paged} == {"sdpa", "triton_flash"}

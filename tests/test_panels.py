@@ -63,7 +63,8 @@ def test_a_name_is_registered_once(registry):
 
 
 def test_the_budget_leaves_out_the_least_needed_kind_first(registry, tmp_path, monkeypatch):
-    assert panels.least_needed() == ["tflops", "memory", "pareto", "error"]
+    assert panels.least_needed() == ["tflops", "memory", "pareto", "error", "padding",
+                                     "pagesize"]
     panels.register(_fake(0))
     assert panels.least_needed()[0] == "fake"
     whole = build_report([RUNS[0]], tmp_path / "whole")

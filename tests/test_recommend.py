@@ -180,3 +180,19 @@ def test_without_any_exact_ok_the_nearest_problem_is_still_shown(tmp_path, capsy
     answer = recommend(parse_shape("hq=4,hkv=1,n=2048,d=128,mask=causal"), load_results(run))
     (pick,) = answer.picks
     assert pick.ranked == [] and pick.skipped == [] and pick.inexact == ["linear (approximate)"]
+
+
+def test_a_record_timed_under_an_interpreter_is_never_the_pick(tmp_path):
+    """An interpreter's time is no speed: a faster-looking interpreted record is left out."""
+    case = _case(2048)
+    d = tmp_path / "results" / "interp-cpu"
+    interpreted = _ok(case, "triton_flash", 1.0, [1.0] * 8).to_row() | {
+        "timed_under": "triton interpreter"}
+    with RecordWriter(d) as w:
+        for row in (_ok(case, "sdpa", 10.0, [1.0] * 8).to_row(), interpreted,
+                    _ok(case, "naive", 20.0, [1.0] * 8).to_row()):
+            w.write(row | {"run_id": d.name, "recorded_at": "2026-12-01T00:00:00"})
+    write_meta(d, {"run_id": d.name, "suite": "synthetic"})
+    (pick,) = recommend(parse_shape("hq=4,hkv=1,n=2048,d=128,mask=causal"),
+                        load_results(d)).picks
+    assert [r["backend"] for r in pick.ranked] == ["sdpa", "naive"]

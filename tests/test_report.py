@@ -142,7 +142,10 @@ def test_crossovers_where_each_backend_overtakes_the_baseline(synth):
                      ("lin", "favor"): pytest.approx(2000, rel=0.01)}
     assert set(cross["between"]) == {"1K and 2K", "2K and 4K"}
     assert set(cross["what happens"]) == {"overtakes base"}
-    assert set(cross["both sides significant"]) == {"yes"}
+    sig = {(r["backend"], r.get("feature_map", "elu")): r["both sides significant"]
+           for _, r in cross.iterrows()}
+    # favor's 2K side is 1.02x: inside the between-run allowance, so a rerun may flip it
+    assert sig == {("fast", "elu"): "yes", ("lin", "elu"): "yes", ("lin", "favor"): "no"}
 
 
 def test_exponents_of_time_and_memory(synth):

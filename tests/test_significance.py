@@ -81,7 +81,7 @@ def test_widen_adds_the_between_run_half_width_in_quadrature():
     wide = run_to_run.widen(iv, 0.04)
     assert math.log(1 / wide.low) == pytest.approx(0.05)
     assert math.log(wide.high) == pytest.approx(math.sqrt(0.04 ** 2 + 0.04 ** 2))
-    assert run_to_run.half_width() == pytest.approx(math.log1p(run_to_run.FLOOR))
+    assert run_to_run.half_width() == pytest.approx(run_to_run.two_runs())
     assert run_to_run.half_width(0.2) == 0.2  # replicates wider than the floor win
 
 
@@ -163,10 +163,10 @@ def test_witnesses_that_disagree_make_the_affected_records_cannot_tell():
     decided, move = _verdicts(base, new)
     assert move.other is not None and "WITNESSES DISAGREE" in move.describe()
     assert (decided["change"] == "cannot tell").all()
-    # the probe agreeing with the backends (the machine itself 3x slower): all unchanged
+    # the probe agreeing with the backends (the machine itself 3x slower): nothing changed
     new_slow = new.assign(probe_gflops=100.0 / 3)
     decided, move = _verdicts(base, new_slow)
-    assert move.other is None and (decided["change"] == "unchanged").all()
+    assert move.other is None and not decided["change"].isin(["worse", "better"]).any()
 
 
 def test_witnesses_disagree_needs_a_gap_and_disjoint_intervals():

@@ -236,7 +236,7 @@ def test_block_diagonal_masks_differ_from_the_dense_case():
 # ---- capabilities, records, suites -------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["triton_flash", "xformers", "linear", "block_sparse"])
+@pytest.mark.parametrize("name", ["linear", "block_sparse"])
 def test_other_backends_refuse_packed_batches(name):
     case = Case(lengths="fixed(64)")
     reasons = get_backend(name).caps.reasons(case)

@@ -33,8 +33,6 @@ import math
 
 import pandas as pd
 
-# What a [[claim]] table may say is checked at suite load, in claim_checks (no pandas); these
-# names are also this module's.
 from attnbench.analysis.claim_checks import (  # noqa: F401
     CLAIM_KEYS,
     KINDS,
@@ -45,6 +43,10 @@ from attnbench.analysis.claim_checks import (  # noqa: F401
 )
 from attnbench.analysis.comparisons import with_problem
 from attnbench.core import metrics
+
+# What a [[claim]] table may say is checked at suite load, in claim_checks (no pandas); these
+# names are also this module's.
+from attnbench.core.record import speed_records
 from attnbench.core.where import case_matches, where_mask
 from attnbench.stats import intervals, pooling, ratios, sequential, significance
 from attnbench.stats.fits import exponent_interval
@@ -89,6 +91,8 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[intervals.Interva
     exponent) and a note."""
     metric = claim.get("metric", "time_ms_median")
     where = claim.get("where", {})
+    if metric == "time_ms_median" or metrics.get(metric).per_time:
+        df = speed_records(df)  # a time under an interpreter is not a speed
     kind = claim["kind"]
     if kind == "ratio":
         sided = "numerator_where" in claim or "denominator_where" in claim

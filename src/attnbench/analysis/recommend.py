@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnbench.core import record
 from attnbench.core.backend import EXACT
 from attnbench.core.case import Case
 from attnbench.core.errors import BadInput
@@ -133,7 +134,9 @@ def work_distance(shape: Shape, row) -> float:
 
 
 def comparable(df: pd.DataFrame, shape: Shape) -> pd.DataFrame:
-    """The records whose case is comparable with the shape (see the module's docstring)."""
+    """The records whose case is comparable with the shape (see the module's docstring);
+    records timed under an interpreter are no speed, so never a pick."""
+    df = record.speed_records(df)
     c = shape.case
     keep = pd.Series(True, index=df.index)
     for col in ("dtype", "mask", "mode", "head_dim", "head_dim_v"):

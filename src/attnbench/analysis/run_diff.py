@@ -4,8 +4,10 @@ The metric's declaration says which direction is worse. With raw samples on both
 time metrics), a change is decided by the one significance rule
 (``stats.significance.decide``) on the bootstrap interval of the ratio of medians, widened
 by the run-to-run component (``stats.run_to_run``: estimated from the unchanged records
-when they exist, never below its declared floor), so two runs of the same code are not
-called worse or better. Four answers: ``worse`` / ``better`` (the interval excludes 1 and
+when they exist, never below two runs' declared allowance for the device kind), so two
+runs of the same code are not called worse or better. Records timed under an interpreter
+(``timed_under``) or flagged unsteady by their own samples get ``cannot tell``.
+Four answers: ``worse`` / ``better`` (the interval excludes 1 and
 the estimate is beyond the threshold), ``unchanged`` (the interval lies within the
 threshold) and ``cannot tell`` (neither, or fewer than ``MIN_SAMPLES`` samples a side).
 Without samples (memory, TFLOP/s), the threshold alone decides. A record that was ``ok``
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.core import metrics
+from attnbench.core.record import timed_under
 from attnbench.stats import intervals, run_to_run, significance
 
 SAMPLED = {"time_ms_median"}  # metrics whose raw samples records keep (samples_ms)
@@ -38,7 +41,7 @@ CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
 
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
-            "probe_gflops"]
+            "probe_gflops", "device", "timed_under", "noisy_by"]
     base, new = migrated_keys(base, new)
     b = base[[c for c in cols if c in base.columns]]
     n = new[[c for c in cols if c in new.columns]]
@@ -86,6 +89,21 @@ def _samples(value) -> list[float]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
+def speed_ok(r) -> bool:
+    """Whether both sides of a joined record are speeds: neither was timed under an
+    interpreter or emulator (``timed_under``), which compare never calls worse or better."""
+    return not (timed_under({"timed_under": r.get("timed_under_base")})
+                or timed_under({"timed_under": r.get("timed_under_new")}))
+
+
+def unsteady(r) -> bool:
+    """Whether either side's record was flagged noisy by its own samples (its interval
+    reaches farther than the run's ``unsteady_rel``): a bootstrap of so few scattered samples
+    is narrower than what a rerun moves it by, so compare calls no change on it."""
+    return any(isinstance(v, str) and "samples" in v.split("+")
+               for v in (r.get("noisy_by_base"), r.get("noisy_by_new")))
+
+
 def _code_unchanged(r) -> bool:
     hb, hn = r.get("backend_hash_base"), r.get("backend_hash_new")
     return isinstance(hb, str) and isinstance(hn, str) and hb == hn
@@ -118,13 +136,21 @@ class MachineMove:
         return text
 
 
-def between_text(between: float | None) -> str:
-    """'run-to-run allowance +-5% (the declared floor)' or '+-7% (from the unchanged
-    records)'."""
-    width = run_to_run.half_width(between)
-    how = "the declared floor" if between is None or between <= math.log1p(
-        run_to_run.FLOOR) else "from the unchanged records"
+def between_text(between: float | None, device=None) -> str:
+    """'run-to-run allowance +-7% (two runs' declared allowance, cpu)' or '+-9% (from the
+    unchanged records)'."""
+    width = run_to_run.half_width(between, device)
+    how = (f"two runs' declared allowance, {run_to_run.kind(device)}"
+           if between is None or between <= run_to_run.two_runs(device)
+           else "from the unchanged records")
     return f"run-to-run allowance +-{math.expm1(width):.0%} ({how})"
+
+
+def run_device(df: pd.DataFrame):
+    """The device a run's records were measured on (its first record's), None if unsaid."""
+    if "device" not in df.columns or df["device"].dropna().empty:
+        return None
+    return str(df["device"].dropna().iloc[0])
 
 
 def _agreeing_backends(moves: dict[str, float], tolerance: float) -> list[str]:
@@ -154,6 +180,8 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
         return None
     both_ok = joined[(joined["status_base"] == "ok") & (joined["status_new"] == "ok")
                      & joined["ratio"].notna() & (joined["ratio"] > 0)]
+    both_ok = both_ok[[speed_ok(r) for _, r in both_ok.iterrows()]] if not both_ok.empty \
+        else both_ok
     probe = _probe_witness(both_ok)
     refs = both_ok[[_code_unchanged(r) for _, r in both_ok.iterrows()]] \
         if not both_ok.empty else both_ok
@@ -210,12 +238,13 @@ def _relative(iv: intervals.Interval, move: MachineMove) -> intervals.Interval:
 
 
 def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold: float,
-                     lower: bool) -> tuple[str, intervals.Interval]:
+                     lower: bool, device=None) -> tuple[str, intervals.Interval]:
     """The verdict on one record's ratio interval new / base, widened by the run-to-run
     allowance (returned), over the machine's move when given, by the one rule; 'cannot
     tell' when the two witnesses of the move disagree and the answer depends on which one
     is divided out."""
-    wide = run_to_run.widen(iv, run_to_run.half_width(move.between if move else None))
+    wide = run_to_run.widen(iv, run_to_run.half_width(move.between if move else None,
+                                                      device))
     if move is None:
         return significance.decide(wide, threshold, lower), wide
     verdict = significance.decide(_relative(wide, move), threshold, lower)
@@ -243,8 +272,11 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
             out["change"] = "fixed"
         elif sb == "ok" and sn == "ok" and pd.notna(r.get("ratio")):
             iv = _sample_interval(r) if metric in SAMPLED else None
-            if iv is not None:
-                out["change"], wide = _sampled_verdict(iv, move, threshold, lower)
+            if not speed_ok(r) or (iv is not None and unsteady(r)):
+                out["change"] = significance.CANNOT_TELL
+            elif iv is not None:
+                device = r.get("device_new", r.get("device_base"))
+                out["change"], wide = _sampled_verdict(iv, move, threshold, lower, device)
                 out.update(ratio_low=wide.low, ratio_high=wide.high)
                 if move is not None:
                     out["vs_machine"] = wide.estimate / move.interval.estimate

@@ -73,13 +73,17 @@ def run(args) -> int:
     _machine(move, base_meta, new_meta, args)
     bad = run_diff.regressions(decided)
     counts = run_diff.change_counts(decided)
+    device = run_diff.run_device(new)
+    print("ratio_low/high: intervals across runs (within-run widened by the between-run "
+          "allowance); records timed under an interpreter are no speed: cannot tell")
     unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
     only_new = decided[decided["status_base"].isna()]
     print(f"{len(decided)} joined records, {len(shown)} with the metric in both runs: "
           + ", ".join(f"{n} {c}" for c, n in counts.items())
           + f" ({metric.better} is better; a change needs its 95% interval, with the "
-            f"{run_diff.between_text(move.between if move else None)}, to exclude 1 and "
+            f"{run_diff.between_text(move.between if move else None, device)}, to exclude 1 "
+            f"and "
             f"its estimate beyond {args.threshold:.0%}, from at least "
             f"{run_diff.significance.MIN_SAMPLES} samples a side; unchanged needs the "
             f"interval within {args.threshold:.0%})")

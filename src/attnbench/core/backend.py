@@ -22,12 +22,13 @@ from typing import Any
 import torch
 
 from attnbench.core import lengths as lengths_axis
+from attnbench.core import masks as masks_mod
 from attnbench.core import paging
 from attnbench.core import params as params_mod
 from attnbench.core.case import MODES, Case, Inputs
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
-ALL_MASKS = ("none", "causal", "window", "block_sparse")
+ALL_MASKS = masks_mod.BUILT_IN  # the mask kinds that ship (core/masks/: one module each)
 
 # What a backend claims to compute (docs/design.md, "Semantics").
 EXACT = "exact"  # the case's softmax attention
@@ -41,7 +42,8 @@ class Capabilities:
 
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ALL_DTYPES
-    masks: tuple[str, ...] = ("none", "causal", "window")  # mask kinds
+    masks: tuple[str, ...] = ("none", "causal", "window")  # declared mask kinds (core/masks/)
+    any_mask: bool = False  # also every other declared kind, built from its ``visible``
     modes: tuple[str, ...] = MODES
     head_dim_min: int = 1
     head_dim_max: int = 4096
@@ -53,6 +55,9 @@ class Capabilities:
     dense: bool = True  # False: packed batches only (a baseline defined by its padding)
     paged: bool = False  # a paged KV cache (a case's ``page_size``, core/paging.py)
 
+    def __post_init__(self):
+        masks_mod.check_listing(self.masks)
+
     def reasons(self, case: Case) -> list[str]:
         out = []
         dev = torch.device(case.device).type
@@ -60,8 +65,7 @@ class Capabilities:
             out.append(f"device {dev} not supported (supports {', '.join(self.devices)})")
         if case.dtype not in self.dtypes:
             out.append(f"dtype {case.dtype} not supported (supports {', '.join(self.dtypes)})")
-        kind = case.mask_spec.kind
-        if kind not in self.masks:
+        if case.mask_spec.kind not in self.masks and not self.any_mask:
             out.append(f"mask {case.mask} not supported (supports {', '.join(self.masks)})")
         if case.mode not in self.modes:
             out.append(f"mode {case.mode} not supported (supports {', '.join(self.modes)})")

@@ -14,7 +14,7 @@ from attnbench.core import inputs as inputs_kinds
 from attnbench.core import lengths as lengths_axis
 from attnbench.core import params as params_mod
 from attnbench.core.dtypes import canonical_dtype, element_size, torch_dtype
-from attnbench.core.masks import MaskSpec, visible_pairs
+from attnbench.core.masks import Geometry, MaskSpec
 
 if TYPE_CHECKING:  # a case is made, keyed and counted without torch (a suite's load and
     import torch  # size check); its tensors (inputs, layout) import it where they are made
@@ -251,11 +251,14 @@ class Case:
         if self.lengths:  # a packed batch: pairs within each document, per row
             return lengths_axis.visible_pairs_per_row(self.lengths, self.batch, self.seq_q,
                                                       self.seed, self.mask == "causal")
-        spec = self.mask_spec
-        if spec.kind == "block_sparse":  # counted from the layout's geometry, not a copy
-            return block_layouts.layout_pairs(spec.layout, self.seq_q, self.seq_k,
-                                              self.block_size, **self.layout_knobs)
-        return visible_pairs(spec, self.seq_q, self.seq_k, None, self.block_size)
+        return self.mask_spec.pairs(self.mask_geometry)  # as the mask's kind counts them
+
+    @property
+    def mask_geometry(self) -> Geometry:
+        """What this case's mask is laid over; a block layout by its knobs, so that it is
+        counted once per geometry and never copied to be counted."""
+        return Geometry(self.seq_q, self.seq_k, self.block_size,
+                        layout_knobs=tuple(self.layout_knobs.items()))
 
     @property
     def density(self) -> float:

@@ -73,6 +73,17 @@ def _errors() -> list[Metric]:
             out.append(Metric(f"{prefix}_{t}_rel", "1", LOWER,
                               f"relative L2 ||{t} - ref|| / ||ref|| against {what}",
                               section=section if t == "out" else "", sig=2))
+    for t in TENSORS:  # a packed batch (lengths): its worst document
+        out.append(Metric(f"err_doc_{t}_rel", "1", LOWER,
+                          f"packed batch: the largest relative L2 error of {t} over its "
+                          f"documents, each against its own float64 evaluation "
+                          f"(err_doc_{t}_row, err_doc_{t}_doc say which)",
+                          section="Error of the worst document against its float64 "
+                                  "evaluation" if t == "out" else "", sig=2))
+        out.append(Metric(f"err_doc_{t}_len", "tokens", NEUTRAL,
+                          f"packed batch: tokens of the document with the largest {t} error",
+                          section="Length of the worst document" if t == "out" else "",
+                          sig=6))
     return out
 
 

@@ -73,7 +73,15 @@ OPTIONAL_COLUMNS = {
                        "bytes, shared memory bytes) and the configuration compiled",
     "triton_compiled_source": "where triton_compiled comes from: the binary that ran on the "
                               "GPU, or a compile for sm_90 without a GPU (interpreter runs)",
+    "timed_under": "what the timed calls ran under instead of the device: 'triton "
+                   "interpreter' (TRITON_INTERPRET=1); such a time is not a speed and is "
+                   "kept out of every speed conclusion (its error still counts)",
 }
+OPTIONAL_COLUMNS |= {  # a packed batch's worst document (core/accuracy.py), per tensor
+    f"err_doc_{t}_{what}": f"packed batch: {desc} of the document with the largest {t} error "
+                           f"(err_doc_{t}_rel)"
+    for t in ("out", "dq", "dk", "dv")
+    for what, desc in (("row", "the row"), ("doc", "the index within its row"))}
 # The device's state while the record's group was measured (measure/device_state.py) and how
 # a GPU sample was taken (measure/timing_methods.py). Absent where not readable; records
 # written before them load without them.
@@ -190,3 +198,18 @@ def is_throttled(value) -> bool:
     if isinstance(value, (list, tuple)):
         return len(value) > 0
     return isinstance(value, str) and value.strip() not in ("", "[]")
+
+
+def timed_under(row) -> str:
+    """What a record (a mapping or a table row) was timed under when not the device itself,
+    e.g. 'triton interpreter'; '' for a real speed (absent, NaN, empty)."""
+    value = row.get("timed_under") if hasattr(row, "get") else None
+    return value if isinstance(value, str) else ""
+
+
+def speed_records(df):
+    """The rows of a records table whose times are speeds: those not timed under an
+    interpreter or emulator (``timed_under``)."""
+    if "timed_under" not in df.columns:
+        return df
+    return df[[not timed_under({"timed_under": v}) for v in df["timed_under"]]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.core.masks import MaskSpec, allowed_rows
+from attnbench.core.masks import Geometry, MaskSpec, allowed_rows
 
 # Bytes of float64 temporaries one chunk may hold (scores, probabilities, their grads).
 # On a GPU a larger chunk keeps the many small launches of a long reference off the
@@ -104,12 +104,9 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.
 
 def _visible_columns(mask: MaskSpec, r0: int, r1: int, seq_q: int, seq_k: int
                      ) -> tuple[int, int]:
-    """Key range [lo, hi) that rows [r0, r1) can see: a band's reference costs O(N * window)."""
-    if not mask.is_banded:
-        return 0, seq_k
-    off = seq_k - seq_q
-    lo = 0 if mask.left == math.inf else max(0, r0 + off - int(mask.left))
-    hi = seq_k if mask.right == math.inf else min(seq_k, r1 - 1 + off + int(mask.right) + 1)
+    """Key range [lo, hi) that rows [r0, r1) can see, as the mask's kind declares it: a
+    band's reference costs O(N * window)."""
+    lo, hi = mask.declaration.columns(mask, Geometry(seq_q, seq_k), r0, r1)
     if lo >= hi:  # no row sees anything: keep one (masked) key so the shapes stay valid
         lo, hi = min(lo, seq_k - 1), min(lo, seq_k - 1) + 1
     return lo, hi

@@ -11,6 +11,7 @@ classified into a status; none escapes.
 from __future__ import annotations
 
 import hashlib
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -178,8 +179,10 @@ def _check(record: Record, backend: Backend, prepared: Prepared, inputs: Inputs,
     else:
         soft_cols = accuracy.error_columns("err_vs_softmax", outputs, exact_ref.as_dict(),
                                            floor)
-    wrong = accuracy.verdict(outputs, impl_cols, case.dtype)
-    record.update(**impl_cols, **soft_cols)
+    doc_cols = accuracy.document_columns(case, inputs, outputs,
+                                         (impl_ref or exact_ref).as_dict())
+    wrong = accuracy.verdict(outputs, impl_cols | doc_cols, case.dtype)
+    record.update(**impl_cols, **soft_cols, **doc_cols)
     if wrong:
         record.update(status="wrong", reason=wrong)
 
@@ -233,10 +236,20 @@ def sample_columns(samples: list[float], stop: str, probe_readings: list[float],
     return cols
 
 
+def timed_under(backend: Backend, environ=os.environ) -> dict:
+    """``{"timed_under": "triton interpreter"}`` for a Triton backend while
+    ``TRITON_INTERPRET`` is on (its calls then run in Python, not on the device), else {}."""
+    interpret = environ.get("TRITON_INTERPRET", "0").strip().lower()
+    if "triton" in backend.caps.requires and interpret not in ("", "0", "false", "no"):
+        return {"timed_under": "triton interpreter"}
+    return {}
+
+
 def _timing_columns(cand: Candidate, timing: Timing, budget: TimingBudget) -> dict:
     work = cand.backend.work_flops(cand.record.case)
     cols = timing_columns(cand.record.case, work, timing.samples_ms, timing.stop,
                           timing.probe_readings, budget) | {"input_bytes": cand.inputs.nbytes}
+    cols |= timed_under(cand.backend)
     return cols | timing.fields | device_state.tflops_per_j(timing.fields, work)
 
 

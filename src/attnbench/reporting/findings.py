@@ -14,13 +14,14 @@ import pandas as pd
 
 from attnbench.analysis.claims import claims_table
 from attnbench.analysis.comparisons import Comparison
+from attnbench.core.record import speed_records, timed_under
 from attnbench.measure.ceilings import copy_ladder
 from attnbench.reporting import lines as line_groups
 from attnbench.reporting import tables
 from attnbench.reporting.interval_text import ratio_text
 from attnbench.reporting.plots import n_label
 from attnbench.runs.dataset import Run
-from attnbench.stats import fits, pooling, ratios, significance
+from attnbench.stats import fits, pooling, ratios, run_to_run, significance
 from attnbench.stats.intervals import Interval, coverage_note, short_of_level
 
 DASH = "-"
@@ -40,9 +41,15 @@ def speedups(c: Comparison, df: pd.DataFrame) -> pd.DataFrame:
         row = dict(other)
         row["baseline_status"] = base["status"]
         paired.add((other["run_id"], other["key"], other["backend"]))
-        if base["status"] == "ok" and other["status"] == "ok":
-            d = ratios.difference(base, other)
-            row.update(speedup=d.interval.estimate, speedup_low=d.interval.low,
+        under = timed_under(base) or timed_under(other)
+        if under:
+            row["timed_under"] = under
+        elif base["status"] == "ok" and other["status"] == "ok":
+            within = ratios.difference(base, other)
+            d = across_runs(within, other.get("device"))
+            row.update(within_low=within.interval.low, within_high=within.interval.high,
+                       within_method=within.interval.method, speedup=d.interval.estimate,
+                       speedup_low=d.interval.low,
                        speedup_high=d.interval.high, significant=d.significant,
                        speedup_confidence=d.interval.confidence,
                        speedup_method=d.interval.method, significance=d.describe())
@@ -53,7 +60,17 @@ def speedups(c: Comparison, df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def across_runs(d: ratios.Difference, device) -> ratios.Difference:
+    """A ratio of two records of one run with its across-runs interval (the within-run one
+    widened by the ratio allowance), significant by the one rule on that interval: a
+    speedup or a margin a rerun keeps."""
+    wide = run_to_run.across_runs(d.interval, device, "ratio")
+    return ratios.Difference(wide, significance.differs(wide))
+
+
 def _ratio_cell(r) -> str:
+    if isinstance(r.get("timed_under"), str) and r["timed_under"]:
+        return f"timed under {r['timed_under']}: not a speed"
     if pd.notna(r.get("speedup")):
         iv_text = ratio_text(_interval(r))
         return iv_text + ("" if r["significant"] else " (n.s.)")
@@ -69,6 +86,16 @@ def _interval(r) -> Interval:
     return Interval(r["speedup"], r["speedup_low"], r["speedup_high"],
                     0.95 if conf is None or pd.isna(conf) else float(conf), 2,
                     r.get("speedup_method", ""))
+
+
+def _within(r) -> Interval:
+    """A speedup row's within-run interval: what pooling over runs combines (it adds the
+    runs' own spread, so the across-runs allowance would count it twice)."""
+    iv = _interval(r)
+    if pd.isna(r.get("within_low")):
+        return iv
+    return Interval(iv.estimate, float(r["within_low"]), float(r["within_high"]),
+                    iv.confidence, iv.n, str(r.get("within_method", "")))
 
 
 def speedup_table(sp: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
@@ -167,9 +194,11 @@ def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
         row |= {"N": tables.seq_label(first), "dtype": first["dtype"], "mode": first["mode"],
                 "mask": first["mask"]}
         row |= {c: first[c] for c in problem if c not in row}
-        ok = g[(g["status"] == "ok") & g["time_ms_median"].notna()].sort_values(
+        ok = speed_records(g[(g["status"] == "ok") & g["time_ms_median"].notna()]).sort_values(
             "time_ms_median")
         rest = [f"{r['backend']} {r['status']}" for _, r in g[g["status"] != "ok"].iterrows()]
+        rest += [f"{r['backend']} timed under {timed_under(r)}" for _, r in g.iterrows()
+                 if r["status"] == "ok" and timed_under(r)]
         if ok.empty:
             rows.append(row | {"winner": DASH, "time (ms)": DASH, "runner-up": DASH,
                                "margin [95% interval]": DASH, "significant": DASH,
@@ -182,7 +211,8 @@ def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
                     "significant": DASH}
         else:
             r = ok.iloc[1]
-            d = ratios.difference(r, w)  # runner-up's time over the winner's
+            # runner-up's time over the winner's, across runs
+            d = across_runs(ratios.difference(r, w), w.get("device"))
             if not d.significant:
                 row["winner"] = f"no winner ({w['backend']} or {r['backend']})"
             row |= {"runner-up": r["backend"],
@@ -209,7 +239,7 @@ def pooled_winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
         row = {"N": tables.seq_label(first), "dtype": first["dtype"], "mode": first["mode"],
                "mask": first["mask"]}
         row |= {c: first[c] for c in problem if c not in row}
-        ok = g[(g["status"] == "ok") & g["time_ms_median"].notna()]
+        ok = speed_records(g[(g["status"] == "ok") & g["time_ms_median"].notna()])
         rest = [f"{b} {s} ({n} of {runs} runs)" for (b, s), n in
                 g[g["status"] != "ok"].groupby(["backend", "status"]).size().items()]
         times = ok.groupby("backend")["time_ms_median"].median().sort_values()
@@ -431,7 +461,7 @@ def _pooled_headline(c: Comparison, top: pd.DataFrame) -> str | None:
         if g["run_id"].nunique() < 2:
             continue
         backend = g.iloc[0]["backend"]
-        p = pooling.random_effects([_interval(r) for _, r in g.iterrows()])
+        p = pooling.random_effects([_within(r) for _, r in g.iterrows()])
         if p is not None and (best is None or p.interval.estimate > best[0].interval.estimate):
             best = (p, backend, g.iloc[0])
     if best is None:

@@ -76,6 +76,17 @@ def label(kind: str) -> str:
     return REGISTRY[kind].label if kind in REGISTRY else kind
 
 
+def _packed(records: pd.DataFrame) -> bool:
+    """Records of packed batches (a lengths axis) that say their padding fraction."""
+    return "lengths_padding_frac" in records and records["lengths_padding_frac"].notna().any()
+
+
+def _paged(records: pd.DataFrame) -> bool:
+    """Records of paged decode steps (a page_size axis) with a measured GB/s."""
+    return ("page_size" in records and "gbps" in records
+            and ((records["page_size"].fillna(0) > 0) & records["gbps"].notna()).any())
+
+
 def _any(column: str) -> Callable[[View], bool]:
     return lambda v: column in v.records and v.records[column].notna().any()
 
@@ -91,6 +102,22 @@ register(Panel(
     lambda v, p: plots.speedup_chart(v.speedups, v.title(f"Speedup over {v.baseline}"), p,
                                      v.lines, v.baseline, v.goals, v.palette, v.where),
     ESSENTIAL))
+register(Panel(
+    "padding", "time against padding",
+    lambda v: "Packed against padded: median time (95% interval) and within-document TFLOP/s "
+              "against the batch's padding fraction, one column per mask",
+    lambda v: _packed(v.records),
+    lambda v, p: plots.padding_chart(v.records, v.title("Time vs padding"), p, v.lines,
+                                     v.ceilings, v.palette, v.where),
+    6))
+register(Panel(
+    "pagesize", "GB/s against page size",
+    lambda v: "Paged decode: GB/s of the KV read against page size, per page layout, with "
+              "the copy roof for as much traffic",
+    lambda v: _paged(v.records),
+    lambda v, p: plots.page_size_chart(v.records, v.title("GB/s vs page size"), p, v.lines,
+                                       v.palette, v.where),
+    6))
 register(Panel(
     "tflops", "throughput", lambda v: "TFLOP/s against N, with the measured matmul ceiling",
     _any("tflops"),

@@ -631,3 +631,282 @@ def pareto_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str]
                      "length, the Pareto front ringed and joined", ls, facet, chart.marks,
                      "Front: " + "; ".join(fronts) + ".")
     return chart
+
+
+# ---- packed batches and paged caches ------------------------------------------------------
+PADDED_SUFFIX = "_padded"  # a backend that pads every document to the longest (the baseline)
+LAYOUT_STYLES = {"contiguous": "-", "shuffled": "--", "fragmented": ":"}
+
+
+def is_padded(backend: str) -> bool:
+    """Whether a varlen backend pads the batch to its longest document instead of packing."""
+    return str(backend).endswith(PADDED_SUFFIX)
+
+
+def _filled(records: pd.DataFrame, column: str) -> pd.Series:
+    """``column`` with gaps filled from a record of the same case (a backend that did not
+    run, unsupported, still has the case's documents or cache)."""
+    values = records[column] if column in records else pd.Series(np.nan, index=records.index)
+    known = records.assign(_v=values).dropna(subset=["_v"]).drop_duplicates("key")
+    return values.fillna(records["key"].map(dict(zip(known["key"], known["_v"]))))
+
+
+def _status_row(ax, x: float, slot: int, status: str, color: str, written: set) -> None:
+    """A point that is not ok: a cross with its status along the bottom, one row per line."""
+    trans = ax.get_xaxis_transform()
+    y = 0.035 + 0.075 * (slot % 10)
+    ax.plot([x], [y], marker="x", color=color, transform=trans, linestyle="none",
+            markersize=7, clip_on=False)
+    if (id(ax), slot, status) not in written:
+        written.add((id(ax), slot, status))
+        ax.annotate(status, (x, y), xycoords=trans, xytext=(4, 3), textcoords="offset points",
+                    fontsize=6.5, color=color, annotation_clip=False)
+
+
+def _room_below(ax, rows: int) -> None:
+    """Lower the bottom of a log y axis so that ``rows`` rows of status marks sit below the
+    data."""
+    if not rows or not ax.has_data() or ax.get_yscale() != "log":
+        return
+    frac = min(0.05 + 0.075 * min(rows, 10), 0.7)
+    low, high = ax.get_ylim()
+    if low > 0:
+        ax.set_ylim(low / (high / low) ** (frac / (1 - frac)), high)
+
+
+def _tokens_label(n: int) -> str:
+    return f"{n_label(int(n))} tokens"
+
+
+def padding_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],
+                  ceilings: dict[str, float] | None = None, palette: Palette | None = None,
+                  facet: str = "") -> Chart | None:
+    """A packed batch's cost against its padding fraction: one column per mask, median time
+    (95% interval) above, within-document TFLOP/s (the work of the pairs inside documents,
+    for every backend, so padding shows as lost rate) below; one line per backend and batch
+    size, padded backends hollow. Each distribution is a dotted guide at its fraction."""
+    if records.empty or "lengths" not in records:
+        return None
+    d = records[records["lengths"].fillna("").astype(str) != ""].copy()
+    if d.empty:
+        return None
+    d["_pad"] = _filled(d, "lengths_padding_frac")
+    d["_tokens"] = d["batch"].astype(int) * d["seq_q"].astype(int)
+    if d["_pad"].isna().all():
+        return None
+    palette = palette or Palette()
+    masks = list(dict.fromkeys(d["mask"].astype(str)))
+    sizes = sorted(set(d["_tokens"]))
+    names = [c for c in lines if c in d.columns and c not in ("lengths", "mask")]
+    shown = line_groups.shown(d, names)
+    rate = "tflops" in d and d["tflops"].notna().any()
+    fig, axes = plt.subplots(2 if rate else 1, len(masks), squeeze=False, sharex=True,
+                             figsize=(max(SIZE[0], 3.7 * len(masks)), 6.6 if rate else SIZE[1]))
+    chart = Chart(path, "")
+    series, written = [], set()
+    for col, mask in enumerate(masks):
+        m = d[d["mask"].astype(str) == mask]
+        slots: dict[str, int] = {}
+        time_values, rate_values = [], []
+        for line, g in line_groups.groups(m.assign(_tokens=m["_tokens"]), names + ["_tokens"]):
+            backend, tokens = str(line["backend"]), int(line["_tokens"])
+            base = line_groups.label(line, shown)
+            label = (f"{base} ({'padded' if is_padded(backend) else 'packed'})"
+                     + (f", {_tokens_label(tokens)}" if len(sizes) > 1 else ""))
+            st = palette.of({**{c: line[c] for c in names}, "mask": mask, "tokens": tokens})
+            face = "white" if is_padded(backend) else st["color"]
+            g = g.sort_values("_pad")
+            ok = g[(g["status"] == "ok") & g["_pad"].notna() & g["time_ms_median"].notna()] \
+                if "time_ms_median" in g else g.iloc[0:0]
+            if len(masks) > 1:  # colours are per backend and mask, as in the other charts
+                label = label.replace(" (", f" {mask} (", 1)
+            label_m = label
+            if not ok.empty:
+                x, y = ok["_pad"].to_numpy(float), ok["time_ms_median"].to_numpy(float)
+                low = ok.get("time_ms_ci_low", ok["time_ms_median"]).fillna(
+                    ok["time_ms_median"]).to_numpy(float)
+                high = ok.get("time_ms_ci_high", ok["time_ms_median"]).fillna(
+                    ok["time_ms_median"]).to_numpy(float)
+                axes[0][col].errorbar(x, y, yerr=[np.clip(y - low, 0, None),
+                                                  np.clip(high - y, 0, None)],
+                                      label=label, capsize=2, markersize=6,
+                                      markerfacecolor=face, **st)
+                time_values += [*low, *high]
+                if rate:
+                    r = ok[ok["tflops"].notna()]
+                    axes[1][col].plot(r["_pad"], r["tflops"], markersize=6,
+                                      markerfacecolor=face, **st)
+                    rate_values += list(r["tflops"])
+                series.append(f"{label_m}: " + ", ".join(
+                    f"{p:.2f} -> {t:.4g} ms" for p, t in zip(x, y)))
+            else:
+                axes[0][col].plot([], [], label=label + " (no ok point)",
+                                  markerfacecolor=face, **st)
+                series.append(f"{label_m}: no ok point")
+            for _, r in g[~g.index.isin(ok.index)].iterrows():
+                if pd.isna(r["_pad"]):
+                    chart.marks.append((label_m, int(r["seq_q"]), r["status"]))
+                    continue
+                slot = slots.setdefault(label, len(slots))
+                _status_row(axes[0][col], float(r["_pad"]), slot, r["status"], st["color"],
+                            written)
+                chart.marks.append((label_m, int(r["seq_q"]), r["status"]))
+        guides = m.dropna(subset=["_pad"]).drop_duplicates(["lengths", "_tokens"])
+        for row_axes in axes:
+            ax = row_axes[col]
+            for p in sorted(set(guides["_pad"])):
+                ax.axvline(p, color="#999999", linestyle=":", linewidth=0.8, zorder=0)
+        top = axes[0][col]
+        named = {p: " / ".join(dict.fromkeys(
+            str(r["lengths"]) + (f" {n_label(int(r['_tokens']))}" if len(sizes) > 1 else "")
+            for _, r in g.iterrows())) for p, g in guides.groupby("_pad")}
+        above = top.secondary_xaxis("top")  # the distributions above the plot, not on it
+        above.set_xticks(list(named))
+        above.set_xticklabels(list(named.values()), rotation=90, fontsize=6.5,
+                              color="#555555")
+        above.tick_params(length=2, pad=1)
+        _y_axis(top, time_values, "median time (ms), 95% interval", force_log=True)
+        _room_below(top, len(slots))
+        top.set_title(f"mask {mask}", fontsize=9, pad=4)
+        if rate:
+            ax = axes[1][col]
+            rate_values += _ceiling(ax, ceilings or {}) if col == 0 else \
+                _ceiling_line(ax, ceilings or {})
+            _y_axis(ax, rate_values, "TFLOP/s within documents", force_log=True)
+        bottom = axes[-1][col]
+        bottom.set_xlabel("padding fraction of the batch")
+        hi = float(d["_pad"].max())
+        bottom.set_xlim(-0.04, max(hi + 0.08, 0.5))
+    _finish(fig, axes, path, title)
+    what = ("Median time in milliseconds" + (" (top) and TFLOP/s of the within-document "
+                                             "work (bottom)" if rate else "")
+            + " against the batch's padding fraction, one column per mask")
+    dists = "; ".join(f"{r['lengths']} at {_tokens_label(r['_tokens'])}: {r['_pad']:.3f}"
+                      for _, r in d.dropna(subset=["_pad"]).drop_duplicates(
+                          ["lengths", "_tokens"]).iterrows())
+    text = f"{what}, {facet}. " if facet else f"{what}. "
+    text += "Padding fractions: " + dists + ". Lines: " + "; ".join(series) + "."
+    if chart.marks:
+        text += " Marked: " + "; ".join(f"{lab}: {s}" for lab, _, s in
+                                        dict.fromkeys(chart.marks)) + "."
+    chart.alt = text
+    return chart
+
+
+def _ceiling_line(ax, ceilings: dict[str, float]) -> list[float]:
+    """The matmul ceiling again, unlabelled (its legend entry is the first column's)."""
+    if not ceilings:
+        return []
+    v = sorted(ceilings.values())
+    ax.axhline(float(np.median(v)), color="#222222", linestyle="--", linewidth=1.2)
+    return [v[0], v[-1]]
+
+
+def _cache_label(seq_k: int, lengths: str) -> str:
+    return f"cache {n_label(int(seq_k))}" + (f", contexts {lengths}" if lengths else "")
+
+
+def page_size_chart(records: pd.DataFrame, title: str, path: Path, lines: list[str],
+                    palette: Palette | None = None, facet: str = "") -> Chart | None:
+    """Paged decode: achieved GB/s of the KV actually read (and Q, O) against page size, one
+    panel per cache, one line per backend and page layout (solid contiguous, dashed
+    shuffled, dotted fragmented), the copy roof for as much traffic as a grey dashed line,
+    and the same backend without a page table, where measured, as a thin line."""
+    if records.empty or "page_size" not in records:
+        return None
+    paged = records[records["page_size"].fillna(0).astype(int) > 0]
+    if paged.empty or "gbps" not in records or records["gbps"].isna().all():
+        return None
+    palette = palette or Palette()
+    d = records.assign(_lengths=records["lengths"].fillna("").astype(str)
+                       if "lengths" in records else "")
+    caches = list(dict.fromkeys(zip(paged["seq_k"].astype(int),
+                                    d.loc[paged.index, "_lengths"])))
+    names = [c for c in lines if c in d.columns
+             and c not in ("pages", "page_size", "lengths", "seq_k")]
+    shown = line_groups.shown(paged, names)
+    cols = min(len(caches), 3)
+    rows = math.ceil(len(caches) / cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False,
+                             figsize=(max(SIZE[0], 3.9 * cols), 3.8 * rows))
+    chart = Chart(path, "")
+    series, roofs, written = [], [], set()
+    sizes = sorted(set(paged["page_size"].astype(int)))
+    for ax, (seq_k, lens) in zip(axes.ravel(), caches):
+        here = d[(d["seq_k"].astype(int) == seq_k) & (d["_lengths"] == lens)]
+        p = here[here["page_size"].fillna(0).astype(int) > 0]
+        values, slots = [], {}
+        for line, g in line_groups.groups(p, names + ["pages"]):
+            layout = str(line["pages"])
+            base = line_groups.label(line, shown)
+            label = f"{base} {layout}"
+            st = dict(palette.of({c: line[c] for c in names}))
+            st["linestyle"] = LAYOUT_STYLES.get(layout, st["linestyle"])
+            g = g.sort_values("page_size")
+            ok = g[(g["status"] == "ok") & g["gbps"].notna()]
+            if not ok.empty:
+                ax.plot(ok["page_size"], ok["gbps"], label=label, markersize=6, **st)
+                values += list(ok["gbps"])
+                series.append(f"{label}, {_cache_label(seq_k, lens)}: " + ", ".join(
+                    f"page {int(s)} -> {v:.3g} GB/s" for s, v in zip(ok["page_size"],
+                                                                       ok["gbps"])))
+            else:
+                ax.plot([], [], label=label + " (no ok point)", **st)
+            for _, r in g[~g.index.isin(ok.index)].iterrows():
+                slot = slots.setdefault(base, len(slots))
+                _status_row(ax, float(r["page_size"]), slot, r["status"], st["color"],
+                            written)
+                chart.marks.append((f"{label}, {_cache_label(seq_k, lens)}",
+                                    int(r["page_size"]), r["status"]))
+        flat = here[(here["page_size"].fillna(0).astype(int) == 0) & (here["status"] == "ok")
+                    & here["gbps"].notna()]
+        for _, r in flat.iterrows():
+            color = palette.color(str(r["backend"]), str(r.get("mask", "")))
+            ax.axhline(float(r["gbps"]), color=color, linewidth=0.9, alpha=0.7,
+                       label=f"{r['backend']} without a page table")
+            values.append(float(r["gbps"]))
+            series.append(f"{r['backend']} without a page table, "
+                          f"{_cache_label(seq_k, lens)}: {float(r['gbps']):.3g} GB/s")
+        roof = _copy_roof(p)
+        if roof:
+            ax.axhline(roof, color="#555555", linestyle="--", linewidth=1.2,
+                       label="copy roof for as much traffic")
+            ax.annotate(f"copy roof {roof:.3g} GB/s", (1.0, roof), xycoords=(
+                "axes fraction", "data"), xytext=(-3, 3), textcoords="offset points",
+                ha="right", fontsize=7, color="#555555")
+            values.append(roof)
+            roofs.append(f"{_cache_label(seq_k, lens)}: {roof:.3g} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(s) for s in sizes])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(sizes[0] / 1.5, sizes[-1] * 1.5)
+        ax.set_xlabel("page size (tokens)")
+        _y_axis(ax, values, "GB/s (KV read + Q + O)", force_log=True)
+        _room_below(ax, len(slots))
+        ax.set_title(_cache_label(seq_k, lens), fontsize=9)
+    for ax in axes.ravel()[len(caches):]:
+        ax.set_visible(False)
+    _finish(fig, axes.ravel()[:len(caches)], path, title)
+    text = ("Achieved GB/s (KV bytes the contexts hold, read once, plus Q and O) against page "
+            "size, one panel per cache, one line per backend and page layout (solid "
+            "contiguous, dashed shuffled, dotted fragmented)")
+    text += f", {facet}. " if facet else ". "
+    text += ("Copy roof (grey dashed): " + "; ".join(roofs) + ". " if roofs else
+             "No copy roof was measured. ")
+    text += "Lines: " + "; ".join(series) + "."
+    if chart.marks:
+        text += " Marked: " + "; ".join(f"{lab} at page {n}: {s}" for lab, n, s in
+                                        chart.marks) + "."
+    chart.alt = text
+    return chart
+
+
+def _copy_roof(records: pd.DataFrame) -> float | None:
+    """The copy roof the run held these records to (``frac_bandwidth`` = gbps / roof): their
+    median, one value for records of one traffic."""
+    if "frac_bandwidth" not in records:
+        return None
+    ok = records[(records["status"] == "ok") & (records["frac_bandwidth"] > 0)
+                 & records["gbps"].notna()]
+    return float((ok["gbps"] / ok["frac_bandwidth"]).median()) if not ok.empty else None

@@ -51,7 +51,7 @@ from attnbench.reporting.document import (
 from attnbench.runs import dataset
 from attnbench.runs.record_files import write_atomic
 from attnbench.runs.suite import declared_comparisons
-from attnbench.stats import pooling, significance
+from attnbench.stats import pooling, run_to_run, significance
 
 FACET = ["dtype", "mode"]
 CHART_BUDGET = 900_000  # bytes of charts in one report, before kinds are left out
@@ -201,7 +201,10 @@ class Report:
         out.append(Para([f"{len(self.df)} records from {len(self.runs)} run(s) of suite(s) ",
                          Bold(suites or "?"), f" on {devices}. Every interval is 95%, paired "
                          "where both sides were timed in the same interleaved rounds, unless "
-                         "its coverage is written next to it, as in [3.47, 4.47, 75%]; one "
+                         "its coverage is written next to it, as in [3.47, 4.47, 75%]. "
+                         f"Speedups and winners' margins: {self.interval_legend()}; figures "
+                         "pooled over runs: Hartung-Knapp (the runs' own spread); claims "
+                         "of one run and times: within run (this run's samples only). One "
                          "that reaches further than its value from it reads 'too noisy to "
                          "say'. Points that are not ok are marked with their status at the "
                          "bottom of a chart. The environment, exponents in N, records that "
@@ -222,6 +225,12 @@ class Report:
             out += self._comparison(c, recs, sp)
         out += time_breakdown.blocks(self)
         return out
+
+    def interval_legend(self) -> str:
+        """Which interval a ratio carries: across runs, with the device kind's allowance."""
+        device = self.df["device"].dropna().iloc[0] if "device" in self.df.columns and \
+            self.df["device"].notna().any() else None
+        return run_to_run.legend(device)
 
     def finish_aside(self) -> None:
         """The collapsed line's summary: how many things were not measured or left out."""
@@ -311,8 +320,9 @@ class Report:
                           f"of the per-round ratios (baseline's sample over the backend's, "
                           f"round by round; not the ratio of the two medians) with its "
                           f"order-statistics interval; for the others the ratio of the medians "
-                          f"with a bootstrap interval. Intervals are 95% unless their coverage "
-                          f"is written in them. '(n.s.)': not significant; "
+                          f"with a bootstrap interval, each widened by the between-run "
+                          f"allowance ({self.interval_legend()}). Intervals are 95% unless "
+                          f"their coverage is written in them. '(n.s.)': not significant; "
                           f"{significance.RULE}."]),
                     Table(findings.speedup_table(sp, lines))]
             cross = findings.crossovers(sp, lines, c.baseline)
@@ -437,7 +447,8 @@ class Report:
 
 # a share of a measured ceiling, shown in brackets beside the rate it divides (one table
 # per rate, not two with the same rows)
-FOLDED = {"frac_matmul": "tflops", "frac_bandwidth": "gbps"}
+FOLDED = {"frac_matmul": "tflops", "frac_bandwidth": "gbps",
+          "err_doc_out_len": "err_doc_out_rel"}
 
 
 MANIFEST = ".attnbench-report.json"  # the files a build wrote: the only ones it may remove

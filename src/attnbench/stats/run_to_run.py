@@ -9,21 +9,96 @@ to its own interval's half-width in quadrature on the log scale:
   on the machine's move are replicates of one another, and how far 95% of their
   log-ratios reach from their median, beyond their own intervals, is the between-run
   half-width of one record;
-* never below ``FLOOR``, a declared 95% half-width (a relative change) that a rerun of the
-  same code reaches on a shared CPU machine (docs/design.md, Statistics).
+* never below the declared allowance of the device kind (``ALLOWANCES``): the 95%
+  half-width (a relative change) a rerun of the same code moves one record, or one ratio of
+  two records timed in the same rounds, beyond its own interval (docs/design.md,
+  Statistics).
+
+Two intervals, named wherever a number is shown: the *within-run* interval (a record's
+``time_ms_ci_low/high``, the samples of one run) and the *across-runs* interval
+(``across_runs``: the within-run one widened by the allowance), the one a rerun respects.
+Records keep the within-run bounds; the across-runs interval is derived where it is used.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from attnbench.stats.intervals import LEVEL, Interval
 
-# A rerun of unchanged code moves a record's median by up to this much (95% half-width,
-# relative) beyond its own interval; set from repeated CPU runs of one commit.
-FLOOR = 0.05
+
+@dataclass(frozen=True)
+class Allowance:
+    """How far (95% half-width, relative) a rerun of unchanged code moves a quantity beyond
+    its own within-run interval, per run."""
+
+    record: float  # one record's median time
+    ratio: float  # the ratio of two records timed in the same interleaved rounds
+
+
+# Set from repeated CPU runs of one commit (estimate(): scripts/rerun_agreement.py prints it).
+CPU = Allowance(record=0.05, ratio=0.03)
+# No repeated GPU runs of one commit yet: the CPU figures stand until they are measured.
+ALLOWANCES = {"cpu": CPU, "cuda": CPU}
+WHAT = ("record", "ratio")
+WITHIN = "within run (this run's samples only)"
+ACROSS = "across runs (within-run widened by the between-run allowance)"
+
+
+def kind(device) -> str:
+    """The device kind an allowance is declared for: 'cuda' for 'cuda', 'cuda:0'; else
+    'cpu' (a record without a device was measured where only CPUs ran)."""
+    return "cuda" if isinstance(device, str) and device.startswith("cuda") else "cpu"
+
+
+def allowance(device=None, what: str = "record") -> float:
+    """The declared between-run 95% half-width of ``what`` (record or ratio) on ``device``'s
+    kind, on the log scale."""
+    if what not in WHAT:
+        raise ValueError(f"what: {what!r}; allowed: {', '.join(WHAT)}")
+    return math.log1p(getattr(ALLOWANCES[kind(device)], what))
+
+
+def allowance_text(device=None) -> str:
+    """'+-5% a record, +-3% a ratio (cpu)': the allowance in words."""
+    a = ALLOWANCES[kind(device)]
+    return f"+-{a.record:.0%} a record, +-{a.ratio:.0%} a ratio ({kind(device)})"
+
+
+def legend(device=None) -> str:
+    """The line a report or compare prints to say which interval its numbers carry."""
+    return f"intervals: {ACROSS}, {allowance_text(device)}"
+
+
+def across_runs(iv: Interval, device=None, what: str = "record") -> Interval:
+    """The across-runs interval: ``iv`` (within-run) widened by the declared allowance."""
+    return widen(iv, allowance(device, what))
+
+
+def two_runs(device=None) -> float:
+    """The between-run half-width (log scale) of one record's ratio between two runs: each
+    run's record allowance, in quadrature."""
+    return math.sqrt(2) * allowance(device, "record")
+
+
+def estimate(pairs: list[tuple[Interval, Interval]], level: float = LEVEL) -> float | None:
+    """The per-run between-run half-width (log scale) that replicate pairs of one quantity
+    show (the same record, or ratio, in two runs of one commit): the ``level`` quantile of
+    their log-ratios' distance from 1, their own intervals (in quadrature, typical over the
+    pairs) removed, over the square root of 2 (a pair holds two runs' variation); None with
+    fewer than 3 pairs."""
+    logs, own = [], []
+    for a, b in pairs:
+        if a.estimate > 0 and b.estimate > 0:
+            logs.append(abs(math.log(b.estimate / a.estimate)))
+            own.append(math.hypot(log_half_width(a), log_half_width(b)))
+    if len(logs) < 3:
+        return None
+    reach = float(np.quantile(logs, level))
+    return math.sqrt(max(0.0, reach ** 2 - float(np.median(own)) ** 2)) / math.sqrt(2)
 
 
 def log_half_width(iv: Interval) -> float:
@@ -47,10 +122,10 @@ def spread_from_replicates(ratios: list[float], intervals: list[Interval],
     return math.sqrt(max(0.0, reach ** 2 - own ** 2))
 
 
-def half_width(replicates: float | None = None) -> float:
+def half_width(replicates: float | None = None, device=None) -> float:
     """The between-run 95% half-width (log scale) a comparison of two runs allows: the
-    replicates' estimate when there is one, never less than ``FLOOR``."""
-    floor = math.log1p(FLOOR)
+    replicates' estimate when there is one, never less than ``two_runs`` of the device."""
+    floor = two_runs(device)
     return floor if replicates is None else max(floor, replicates)
 
 

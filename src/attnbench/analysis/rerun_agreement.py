@@ -1,0 +1,192 @@
+"""How well runs of one commit agree: the counts a rerun must meet.
+
+For a set of runs of the same code, every pair of runs is set side by side:
+
+* record intervals: the same (key, backend) in both runs, its time's interval disjoint
+  between them, within-run (the record's own bounds) and across-runs
+  (``run_to_run.across_runs``);
+* paired ratios: every two ok records timed in the same interleaved rounds (one
+  ``pair_group``), the ratio's interval disjoint between runs, both ways;
+* ``compare`` of the two runs (``run_diff``): how many records it calls worse, better,
+  unchanged or cannot tell;
+* a planted change: one backend's samples in the second run multiplied by ``factor`` and its
+  code hash changed, for each backend in turn; the share of its records compare calls worse.
+
+Records timed under an interpreter (``timed_under``) are left out: they are not speeds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from attnbench.analysis import run_diff
+from attnbench.core.record import speed_records
+from attnbench.stats import ratios, run_to_run
+from attnbench.stats.intervals import Interval
+
+METRIC = "time_ms_median"
+PLANTED = 1.2  # the slowdown a compare must still find on one backend
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    ok = df[(df["status"] == "ok") & df[METRIC].notna()] if not df.empty else df
+    return speed_records(ok)
+
+
+def record_intervals(df: pd.DataFrame) -> dict[tuple, Interval]:
+    """Each ok record's within-run time interval, by (key, backend)."""
+    out = {}
+    for _, r in _ok(df).iterrows():
+        conf = r.get("time_ci_confidence")
+        out[(r["key"], r["backend"])] = Interval(
+            float(r[METRIC]), float(r["time_ms_ci_low"]), float(r["time_ms_ci_high"]),
+            0.95 if conf is None or pd.isna(conf) else float(conf),
+            int(r.get("n_samples") or len(ratios.samples(r.get("samples_ms")))),
+            "order-statistics")
+    return out
+
+
+def paired_ratios(df: pd.DataFrame) -> dict[tuple, Interval]:
+    """The within-run interval of every ratio of two ok records timed in the same rounds
+    (one ``pair_group``), by (key_a, backend_a, key_b, backend_b), a before b in order."""
+    ok = _ok(df)
+    if ok.empty or "pair_group" not in ok.columns:
+        return {}
+    out = {}
+    for _, g in ok[ok["pair_group"].notna()].groupby("pair_group", sort=False):
+        rows = sorted((dict(r) for _, r in g.iterrows()), key=lambda r: (r["backend"],
+                                                                          r["key"]))
+        for a, b in itertools.combinations(rows, 2):
+            out[(a["key"], a["backend"], b["key"], b["backend"])] = ratios.ratio_interval(a, b)
+    return out
+
+
+def disjoint(a: Interval, b: Interval) -> bool:
+    return a.high < b.low or b.high < a.low
+
+
+@dataclass
+class Disjoint:
+    """Pairs of one quantity's intervals in two runs, and how many are disjoint."""
+
+    pairs: int = 0
+    within: int = 0  # within-run intervals
+    across: int = 0  # across-runs intervals
+
+    def text(self, what: str) -> str:
+        return (f"{what}: {self.within} of {self.pairs} pairs disjoint within-run "
+                f"({_pct(self.within, self.pairs)}), {self.across} across runs "
+                f"({_pct(self.across, self.pairs)})")
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{n / d:.1%}" if d else "-"
+
+
+def count_disjoint(per_run: list[dict[tuple, Interval]], devices: list, what: str
+                   ) -> tuple[Disjoint, list[tuple[Interval, Interval]]]:
+    """Over every pair of runs: the quantities both hold, disjoint within-run and across
+    runs; and the pairs themselves (for ``run_to_run.estimate``)."""
+    out, pairs = Disjoint(), []
+    for (x, dx), (y, dy) in itertools.combinations(list(zip(per_run, devices)), 2):
+        for k in sorted(set(x) & set(y)):
+            a, b = x[k], y[k]
+            pairs.append((a, b))
+            out.pairs += 1
+            out.within += disjoint(a, b)
+            out.across += disjoint(run_to_run.across_runs(a, dx, what),
+                                   run_to_run.across_runs(b, dy, what))
+    return out, pairs
+
+
+def compare_counts(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.10
+                   ) -> pd.DataFrame:
+    """``compare``'s decided table of two runs, as the command makes it (machine's move
+    divided out)."""
+    joined = run_diff.join_runs(base, new, METRIC)
+    move = run_diff.machine_move(joined, METRIC, threshold)
+    return run_diff.decide(joined, METRIC, threshold, move)
+
+
+def planted(new: pd.DataFrame, backend: str, factor: float = PLANTED) -> pd.DataFrame:
+    """``new`` with ``backend``'s times multiplied by ``factor`` and its code hash changed:
+    what a real change of that backend's code by that much would record."""
+    out = new.copy()
+    mask = out["backend"] == backend
+    for col in (METRIC, "time_ms_ci_low", "time_ms_ci_high"):
+        if col in out.columns:
+            out.loc[mask, col] = out.loc[mask, col] * factor
+    out["samples_ms"] = [[s * factor for s in ratios.samples(v)] if m else v
+                         for v, m in zip(out["samples_ms"], mask)]
+    out["backend_hash"] = [f"planted-{h}" if m else h
+                           for h, m in zip(out.get("backend_hash", [None] * len(out)), mask)]
+    return out
+
+
+@dataclass
+class Agreement:
+    runs: list[str]
+    records: Disjoint
+    ratios: Disjoint
+    estimate_record: float | None  # per-run between-run half-width these runs show (log)
+    estimate_ratio: float | None
+    compares: list[tuple[str, str, dict[str, int]]] = field(default_factory=list)
+    detection: dict[str, tuple[int, int]] = field(default_factory=dict)  # backend: found, of
+
+    def lines(self, device=None) -> list[str]:
+        """The counts, one line each."""
+        import math
+
+        def est(x):
+            return "-" if x is None else f"+-{math.expm1(x):.1%}"
+
+        out = [f"runs: {', '.join(self.runs)}",
+               self.records.text("record intervals"),
+               self.ratios.text("paired-ratio intervals"),
+               f"between-run allowance these runs show (per run, 95%): record "
+               f"{est(self.estimate_record)}, ratio {est(self.estimate_ratio)}; declared "
+               f"{run_to_run.allowance_text(device)}"]
+        total: Counter = Counter()
+        for a, b, counts in self.compares:
+            total.update(counts)
+            out.append(f"compare {a} -> {b}: " + ", ".join(
+                f"{counts.get(c, 0)} {c}" for c in ("worse", "better", "unchanged",
+                                                     "cannot tell")))
+        out.append("compare, all pairs: " + ", ".join(
+            f"{total.get(c, 0)} {c}" for c in ("worse", "better", "unchanged", "cannot tell")))
+        found = sum(f for f, _ in self.detection.values())
+        of = sum(n for _, n in self.detection.values())
+        out.append(f"planted {PLANTED:g}x slowdown found (called worse): {found} of {of} "
+                   f"({_pct(found, of)}); by backend: " + ", ".join(
+                       f"{b} {f}/{n}" for b, (f, n) in sorted(self.detection.items())))
+        return out
+
+
+def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
+              factor: float = PLANTED) -> Agreement:
+    """The counts over every pair of ``runs`` (label, records), in the order given."""
+    devices = [run_diff.run_device(df) for _, df in runs]
+    rec, rec_pairs = count_disjoint([record_intervals(df) for _, df in runs], devices,
+                                    "record")
+    rat, rat_pairs = count_disjoint([paired_ratios(df) for _, df in runs], devices, "ratio")
+    out = Agreement([label for label, _ in runs], rec, rat, run_to_run.estimate(rec_pairs),
+                    run_to_run.estimate(rat_pairs))
+    found: Counter = Counter()
+    of: Counter = Counter()
+    for (la, a), (lb, b) in itertools.combinations(runs, 2):
+        out.compares.append((la, lb, run_diff.change_counts(compare_counts(a, b, threshold))))
+        both = set(_ok(a)["backend"]) & set(_ok(b)["backend"])
+        for backend in sorted(both):
+            decided = compare_counts(a, planted(b, backend, factor), threshold)
+            mine = decided[(decided["backend"] == backend) & (decided["status_base"] == "ok")
+                           & (decided["status_new"] == "ok")]
+            mine = mine[[run_diff.speed_ok(r) for _, r in mine.iterrows()]] \
+                if not mine.empty else mine
+            found[backend] += int((mine["change"] == "worse").sum())
+            of[backend] += len(mine)
+    out.detection = {b: (found[b], of[b]) for b in of}
+    return out
