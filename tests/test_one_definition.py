@@ -129,6 +129,7 @@ CLOCK_READERS = {
     f"{SRC}/measure/device_state.py": (1, "the samplers' time base for energy and clocks"),
     f"{SRC}/runs/model_runner.py": (2, "a progress line's elapsed seconds"),
     "implementations/_triton_flash_kernels.py": (2, "how long the autotune took, once"),
+    "implementations/_triton_varlen.py": (2, "how long the varlen autotune took, once"),
     "implementations/flex.py": (2, "the first call's compile time, once"),
     "scripts/gpu_report_cost.py": (2, "one whole command's wall time (a cost estimate)"),
     "scripts/gpu_correctness.py": (3, "elapsed seconds in its progress lines"),
