@@ -17,7 +17,7 @@
 # machine's own torch/triton are used.
 #
 # Time limits (seconds, overridable): CHECK_LIMIT_S=75 for the correctness step,
-# RUN_LIMIT_S=120 for the suite, METHODS_LIMIT_S=30 for the timing methods,
+# RUN_LIMIT_S=130 for the suite, METHODS_LIMIT_S=30 for the timing methods,
 # REPORT_LIMIT_S=45 for the report, SUMMARY_LIMIT_S=15 for the summary (interrupted steps
 # keep what they finished; the report covers a partial run, and a report cut by its limit
 # can be rendered offline from the tarball). Every other command has its own limit too (`bounded`), and a limit reached is logged as one (exit 124, or 137 after
@@ -138,8 +138,8 @@ stamp "correctness exit code $rc$(limit_note $rc)$([ $rc -ge 124 ] && echo '; pa
 [ $rc -eq 0 ] || status=1
 
 RUN_ID="$RUN_PREFIX-$(date +%Y%m%d-%H%M%S)"
-stamp "step 2/3: attnbench run $SUITE -> results/$RUN_ID (limit ${RUN_LIMIT_S:-120} s)"
-timeout -s INT -k 10 "${RUN_LIMIT_S:-120}" \
+stamp "step 2/3: attnbench run $SUITE -> results/$RUN_ID (limit ${RUN_LIMIT_S:-130} s)"
+timeout -s INT -k 10 "${RUN_LIMIT_S:-130}" \
     "$PY" -m attnbench.cli run --suite "$SUITE" --device "$DEVICE" --out "$OUT/all/results" \
     --run-id "$RUN_ID" --no-report --no-progress
 rc=$?
