@@ -31,7 +31,7 @@ import torch
 from attnbench.core.backend import DIFFERENT, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.dtypes import element_size
-from attnbench.core.masks import INF, allowed_rows, band_row_counts
+from attnbench.core.masks import INF, Geometry, allowed_rows, band_row_counts
 from attnbench.core.params import Param
 from attnbench.core.reference import chunk_rows, chunked_reference, masked_softmax
 
@@ -73,13 +73,9 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def key_range(spec, r0: int, r1: int, seq_q: int, seq_k: int) -> tuple[int, int]:
-    """Keys [c0, c1) that query rows [r0, r1) may see under a band mask (else all keys)."""
-    if not spec.is_banded:
-        return 0, seq_k
-    off = seq_k - seq_q
-    c0 = 0 if spec.left == INF else r0 + off - int(spec.left)
-    c1 = seq_k if spec.right == INF else r1 - 1 + off + int(spec.right) + 1
-    return max(0, min(seq_k, c0)), max(0, min(seq_k, c1))
+    """Keys [c0, c1) that query rows [r0, r1) may see, as the mask's kind declares them
+    (a band narrows them; other kinds see all keys)."""
+    return spec.declaration.columns(spec, Geometry(seq_q, seq_k), r0, r1)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,9 @@
 """flex: ``torch.nn.attention.flex_attention`` compiled with ``torch.compile``.
 
 Masks are ``mask_mod`` functions turned into a ``BlockMask`` by ``create_block_mask``:
-causal and windows bottom-right aligned (``off = seq_k - seq_q``; query i sees key j iff
-``i + off - left <= j <= i + off + right``), block-sparse layouts by indexing the case's
-(n_q_blocks, n_k_blocks) layout with ``(q_idx // block_size, kv_idx // block_size)``, the
-same layouts the block_sparse backend uses. GQA through ``enable_gqa``. A packed batch
+each is its kind's ``visible(q_idx, kv_idx)`` (core/masks/), so any declared kind runs here;
+block-sparse layouts are the case's (n_q_blocks, n_k_blocks) layout, the one the
+block_sparse backend uses, put on the device once. GQA through ``enable_gqa``. A packed batch
 (``lengths``) gets a document mask read from a (B, N) document-id tensor built from the
 offsets, one BlockMask per row. A paged cache (``page_size``) is read in place: K and V are
 the whole pool, and the mask translates each pool slot to its sequence's logical position
@@ -31,7 +30,7 @@ import time
 import torch
 
 from attnbench.core.backend import ALL_MASKS, Backend, Capabilities, wrap_mode
-from attnbench.core.masks import INF
+from attnbench.core.masks import Geometry
 from attnbench.implementations import _paged
 from attnbench.implementations._varlen import document_ids
 
@@ -62,54 +61,40 @@ def compiled_flex():
 
 
 def mask_mod_for(case, device):
-    """The case's mask as a flex ``mask_mod(b, h, q_idx, kv_idx) -> bool``; None if unmasked."""
-    spec = case.mask_spec
-    off = case.seq_k - case.seq_q
+    """The case's mask as a flex ``mask_mod(b, h, q_idx, kv_idx) -> bool`` read from its
+    kind's ``visible`` (any declared kind); None when it masks nothing."""
     if case.lengths:
         return document_mask_mod(case, device)
-    if spec.kind == "none":
+    spec = case.mask_spec
+    if spec.unmasked:
         return None
-    if spec.is_banded:
-        left, right = spec.left, spec.right
-        if left == INF and right == INF:
-            return None
-        lo = None if left == INF else -int(left)
-        hi = None if right == INF else int(right)
+    layout = case.block_layout  # (n_qb, n_kb) or None
+    # On the device once: the traced mask_mod then indexes a captured tensor, no copy.
+    layout = None if layout is None else layout.to(device=device, dtype=torch.bool)
+    geom = Geometry(case.seq_q, case.seq_k, case.block_size, layout)
+    visible = spec.declaration.visible
 
-        if lo is None:
-            def band(b, h, q_idx, kv_idx):
-                return kv_idx - (q_idx + off) <= hi
-        elif hi is None:
-            def band(b, h, q_idx, kv_idx):
-                return kv_idx - (q_idx + off) >= lo
-        else:
-            def band(b, h, q_idx, kv_idx):
-                rel = kv_idx - (q_idx + off)
-                return (rel >= lo) & (rel <= hi)
+    def mask_mod(b, h, q_idx, kv_idx):
+        return visible(spec, geom, q_idx, kv_idx)
 
-        return band
-    if spec.kind == "block_sparse":
-        layout = case.block_layout.to(device=device, dtype=torch.bool)  # (n_qb, n_kb)
-        bs = case.block_size
-
-        def block_sparse(b, h, q_idx, kv_idx):
-            return layout[q_idx // bs, kv_idx // bs]
-
-        return block_sparse
-    raise ValueError(f"unknown mask kind {spec.kind!r}")
+    return mask_mod
 
 
 def document_mask_mod(case, device):
     """A packed batch's mask: query and key in one document of their row (from the offsets,
-    as a (B, N) document-id tensor), and key <= query when causal."""
+    as a (B, N) document-id tensor), and the kind's ``visible`` on the row (causal: key <=
+    query); lengths allow only the kinds that declare ``per_document``."""
     doc = document_ids(case, device)  # (B, N)
-
-    if case.mask == "causal":
-        def document(b, h, q_idx, kv_idx):
-            return (doc[b, q_idx] == doc[b, kv_idx]) & (kv_idx <= q_idx)
-    else:
+    spec = case.mask_spec
+    if spec.unmasked:
         def document(b, h, q_idx, kv_idx):
             return doc[b, q_idx] == doc[b, kv_idx]
+
+        return document
+    geom, visible = Geometry(case.seq_q, case.seq_k), spec.declaration.visible
+
+    def document(b, h, q_idx, kv_idx):
+        return (doc[b, q_idx] == doc[b, kv_idx]) & visible(spec, geom, q_idx, kv_idx)
 
     return document
 
@@ -142,6 +127,7 @@ class Flex(Backend):
         devices=tuple(DEVICE_LIMITS),
         dtypes=("float32", "float16", "bfloat16"),
         masks=ALL_MASKS,
+        any_mask=True,
         lengths=True,
         paged=True,
     )

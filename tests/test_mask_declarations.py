@@ -10,11 +10,12 @@ import re
 
 import pytest
 import torch
+from mask_toys import TOYS, Prefix, definition, registered_toys
 
 from attnbench.core import masks
 from attnbench.core.backend import Capabilities
 from attnbench.core.case import Case
-from attnbench.core.masks import Geometry, MaskKind, MaskSpec, allowed_rows
+from attnbench.core.masks import Geometry, MaskSpec, allowed_rows
 from attnbench.core.reference import case_reference
 from attnbench.implementations.naive import Naive
 from attnbench.implementations.sdpa import Sdpa
@@ -88,83 +89,10 @@ def test_capabilities_naming_an_undeclared_kind_fail_at_once():
 # ---- a kind declared outside core ------------------------------------------------------
 
 
-class Prefix(MaskKind):
-    """``prefix(n)``: every query sees the first n keys, the others causally (a prefix LM);
-    its count in closed form per row."""
-
-    name = "prefix"
-    form = "prefix(n)"
-
-    def parse(self, text):
-        m = re.fullmatch(r"prefix\((\d+)\)", text)
-        return MaskSpec("prefix", args=(int(m.group(1)),)) if m else None
-
-    def text(self, spec):
-        return f"prefix({spec.args[0]})"
-
-    def visible(self, spec, geom, q_idx, k_idx):
-        return (k_idx < spec.args[0]) | (k_idx <= q_idx + geom.offset)
-
-    def pairs(self, spec, geom):
-        prefix = min(spec.args[0], geom.seq_k)
-        return sum(max(min(max(i + geom.offset + 1, 0), geom.seq_k), prefix)
-                   for i in range(geom.seq_q))
-
-
-class Dilated(MaskKind):
-    """``dilated(d)``: causal, every d-th key back from the diagonal; counted from its
-    predicate (no count of its own)."""
-
-    name = "dilated"
-    form = "dilated(d)"
-
-    def parse(self, text):
-        m = re.fullmatch(r"dilated\(([1-9]\d*)\)", text)
-        return MaskSpec("dilated", args=(int(m.group(1)),)) if m else None
-
-    def text(self, spec):
-        return f"dilated({spec.args[0]})"
-
-    def visible(self, spec, geom, q_idx, k_idx):
-        back = q_idx + geom.offset - k_idx  # keys behind the diagonal
-        return (back >= 0) & (back % spec.args[0] == 0)
-
-
-class Keys(MaskKind):
-    """``keys(n)``: the first n keys for every query; its predicate reads the key alone."""
-
-    name = "keys"
-    form = "keys(n)"
-
-    def parse(self, text):
-        m = re.fullmatch(r"keys\((\d+)\)", text)
-        return MaskSpec("keys", args=(int(m.group(1)),)) if m else None
-
-    def text(self, spec):
-        return f"keys({spec.args[0]})"
-
-    def visible(self, spec, geom, q_idx, k_idx):
-        return k_idx < spec.args[0]  # (1, Nk)
-
-
-def definition(text: str, nq: int, nk: int) -> torch.Tensor:
-    """The toy masks written out element by element, (nq, nk) boolean."""
-    kind, n = re.fullmatch(r"(\w+)\((\d+)\)", text).groups()
-    n, off = int(n), nk - nq
-    rule = {"prefix": lambda i, j: j < n or j <= i + off,
-            "dilated": lambda i, j: j <= i + off and (i + off - j) % n == 0,
-            "keys": lambda i, j: j < n}[kind]
-    return torch.tensor([[rule(i, j) for j in range(nk)] for i in range(nq)],
-                        dtype=torch.bool)
-
-
 @pytest.fixture
 def toy_kinds():
-    for kind in (Prefix, Dilated, Keys):
-        masks.register(kind)
-    yield
-    for kind in (Prefix, Dilated, Keys):
-        masks.unregister(kind.name)
+    with registered_toys():
+        yield
 
 
 def brute_reference(q, k, v, allowed, scale):
@@ -173,9 +101,6 @@ def brute_reference(q, k, v, allowed, scale):
     s = s.masked_fill(~allowed, -math.inf)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees nothing gives zeros
     return p @ v.double()  # (B, H, Nq, Dv)
-
-
-TOYS = ["prefix(3)", "prefix(0)", "dilated(3)", "keys(4)"]
 
 
 @pytest.mark.parametrize("text", TOYS)

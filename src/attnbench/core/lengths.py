@@ -40,7 +40,6 @@ from functools import lru_cache
 from pathlib import Path
 
 FORMS = "fixed(n), uniform(lo,hi), lognormal(median,sigma), text(package)"
-MASKS = ("none", "causal")  # documents attend within themselves, causal or not
 # name -> (knob names, kind of each knob)
 KINDS = {
     "fixed": (("n",), (int,)),
@@ -106,9 +105,11 @@ def shape_problem(text: str, seq_q: int, seq_k: int, mask: str) -> str | None:
     if seq_q != seq_k:
         return (f"lengths {text}: a packed batch is self-attention; needs seq_q == seq_k, "
                 f"got {seq_q} and {seq_k}")
-    kind = str(mask).split("(")[0]
-    if kind not in MASKS:
-        return f"lengths {text}: mask {mask} not allowed; allowed: {', '.join(MASKS)}"
+    from attnbench.core.masks import per_document_names
+
+    allowed = per_document_names()  # documents attend within themselves, causal or not
+    if str(mask).split("(")[0] not in allowed:
+        return f"lengths {text}: mask {mask} not allowed; allowed: {', '.join(allowed)}"
     return None
 
 

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 LAYOUTS = ("contiguous", "shuffled", "fragmented")
 POOL_SLACK = 2  # a fragmented pool holds this many times the pages its sequences need
-MASKS = ("none", "causal")  # a decode step's masks (causal: bottom-right aligned)
 MODES = ("fwd",)  # a decode step is inference
 _GARBAGE_SEED = 2_000_003  # the free slots' stream, apart from q, k, v's
 
@@ -64,9 +63,11 @@ def shape_problem(case) -> str | None:
     where = f"page_size {case.page_size}, pages {case.pages}"
     if case.mode not in MODES:
         return f"{where}: mode {case.mode} not allowed; allowed: {', '.join(MODES)}"
-    kind = str(case.mask).split("(")[0]
-    if kind not in MASKS:
-        return f"{where}: mask {case.mask} not allowed; allowed: {', '.join(MASKS)}"
+    from attnbench.core.masks import per_document_names
+
+    allowed = per_document_names()  # a decode step's masks (causal: bottom-right aligned)
+    if str(case.mask).split("(")[0] not in allowed:
+        return f"{where}: mask {case.mask} not allowed; allowed: {', '.join(allowed)}"
     if case.seq_q > case.seq_k:
         return f"{where}: seq_q ({case.seq_q}) must be <= seq_k ({case.seq_k}), the cache"
     return None

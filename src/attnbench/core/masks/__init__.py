@@ -28,6 +28,7 @@ from attnbench.core.masks.kind import (
     forms,
     kind_of,
     names,
+    per_document_names,
     register,
     unregister,
 )
@@ -41,7 +42,7 @@ MASK_KINDS = forms()  # their text forms, for error messages
 __all__ = [
     "BUILT_IN", "INF", "INT64_MAX", "MASK_KINDS", "Geometry", "MaskKind", "MaskSpec",
     "allowed_rows", "band_allowed", "band_pairs", "band_reach", "band_row_counts",
-    "check_listing", "forms", "kind_of", "names", "register", "unregister",
+    "check_listing", "forms", "kind_of", "names", "per_document_names", "register", "unregister",
     "visible_pairs",
 ]
 

@@ -33,10 +33,11 @@ def within(rel: torch.Tensor, left: float, right: float) -> torch.Tensor:
     import torch
 
     ok = torch.ones_like(rel, dtype=torch.bool)
+    # Out of place: flex traces this predicate as its mask_mod, which must not mutate.
     if left != INF:
-        ok &= rel >= -int(left)
+        ok = ok & (rel >= -int(left))
     if right != INF:
-        ok &= rel <= int(right)
+        ok = ok & (rel <= int(right))
     return ok
 
 
@@ -76,12 +77,14 @@ class Band(MaskKind):
         left, right = clamp(spec.left, spec.right, geom.seq_q, geom.seq_k)
         return within(k_idx - (q_idx + geom.offset), left, right)
 
+    def unmasked(self, spec: MaskSpec) -> bool:
+        return spec.left == INF and spec.right == INF
+
     def columns(self, spec: MaskSpec, geom: Geometry, row0: int, row1: int) -> tuple[int, int]:
-        off = geom.offset
-        lo = 0 if spec.left == INF else max(0, row0 + off - int(spec.left))
-        hi = geom.seq_k if spec.right == INF else min(geom.seq_k,
-                                                      row1 - 1 + off + int(spec.right) + 1)
-        return lo, hi
+        off, n = geom.offset, geom.seq_k
+        lo = 0 if spec.left == INF else row0 + off - int(spec.left)
+        hi = n if spec.right == INF else row1 - 1 + off + int(spec.right) + 1
+        return max(0, min(n, lo)), max(0, min(n, hi))
 
     def pairs(self, spec: MaskSpec, geom: Geometry) -> int:
         return band_pairs(geom.seq_q, geom.seq_k, spec.left, spec.right)

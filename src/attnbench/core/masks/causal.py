@@ -11,6 +11,7 @@ from attnbench.core.masks.kind import INF, MaskSpec, register
 class Causal(Band):
     name = "causal"
     form = "causal"
+    per_document = True
 
     def parse(self, text: str) -> MaskSpec | None:
         return MaskSpec("causal", INF, 0) if text == "causal" else None

@@ -69,6 +69,10 @@ class MaskSpec:
     def pairs(self, geom: Geometry) -> int:
         return self.declaration.pairs(self, geom)
 
+    @property
+    def unmasked(self) -> bool:
+        return self.declaration.unmasked(self)
+
 
 @dataclass(frozen=True, eq=False)
 class Geometry:
@@ -95,6 +99,9 @@ class MaskKind:
     form: str = ""  # how a suite writes it, for error messages: "window(left,right)"
     banded: bool = False  # a band around the diagonal, ``left``/``right`` wide (caps read it)
     masks_nothing: bool = False  # every pair is visible: no mask tensor is built
+    # A packed batch's documents and a paged cache's sequences may carry it; their readers
+    # apply it within each document or context as causal or not, so only none and causal set it.
+    per_document: bool = False
 
     def parse(self, text: str) -> MaskSpec | None:
         """The spec ``text`` (stripped, lower case) names, or None when it is not this
@@ -112,9 +119,14 @@ class MaskKind:
         """Boolean, broadcast of ``q_idx`` and ``k_idx``: query q_idx may see key k_idx."""
         raise NotImplementedError
 
+    def unmasked(self, spec: MaskSpec) -> bool:
+        """This mask lets every pair through on any lengths (a backend builds no mask)."""
+        return self.masks_nothing
+
     def columns(self, spec: MaskSpec, geom: Geometry, row0: int, row1: int
                 ) -> tuple[int, int]:
-        """Keys [lo, hi) outside which rows [row0, row1) see nothing (a cheaper reference)."""
+        """Keys [lo, hi), within [0, seq_k], outside which rows [row0, row1) see nothing
+        (a cheaper reference, a narrower chunk)."""
         return 0, geom.seq_k
 
     def pairs(self, spec: MaskSpec, geom: Geometry) -> int:
@@ -162,6 +174,11 @@ def names() -> tuple[str, ...]:
 
 def forms() -> tuple[str, ...]:
     return tuple(k.form for k in _KINDS.values())
+
+
+def per_document_names() -> tuple[str, ...]:
+    """The kinds a packed batch or a paged cache allows (``MaskKind.per_document``)."""
+    return tuple(name for name, kind in _KINDS.items() if kind.per_document)
 
 
 def check_listing(listed: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ class NoMask(MaskKind):
     name = "none"
     form = "none"
     masks_nothing = True
+    per_document = True
 
     def parse(self, text: str) -> MaskSpec | None:
         return MaskSpec("none") if text in ("none", "full", "") else None
