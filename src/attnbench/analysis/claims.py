@@ -17,7 +17,7 @@ rounds: from the per-round ratios; otherwise a bootstrap of the ratio of medians
 to the across-runs interval (``stats.run_to_run``) so that a rerun of the same code keeps
 the verdict: by the record allowance for one record's time or rate, the ratio allowance for
 a ratio of two records or a fraction of a ceiling measured in the same run, and for an
-exponent the slope's share of the record allowance (``run_to_run.slope_allowance``). The
+exponent the slope's share of the ratio allowance (``run_to_run.slope_allowance``). The
 verdict is ``holds`` (the interval inside the range), ``does not hold`` (outside) or
 ``inconclusive`` (it straddles a bound, or covers less than 95%). The report prints them
 side by side; over several runs of one suite, ``pooled_table`` gives each claim one

@@ -284,7 +284,7 @@ class Report:
                               "widened to the across-runs interval so that a rerun keeps the "
                               f"verdict ({self.interval_legend()}: the record's for a time or "
                               "a rate, the ratio's for a ratio or a fraction of a ceiling "
-                              "measured in the run, the slope's share of the record's for an "
+                              "measured in the run, the slope's share of the ratio's for an "
                               "exponent). A claim decided by sequential rounds uses its "
                               "stopping rule's wider per-look interval instead (the allowance "
                               "scaled to that level), as its row says. "

@@ -77,8 +77,8 @@ def exponent_interval(d: pd.DataFrame, n_boot: int = 400) -> intervals.Interval 
 def exponent_across_runs(iv: intervals.Interval, ns, device=None) -> intervals.Interval:
     """An exponent's interval over sizes ``ns`` that a rerun respects: the bootstrap's
     (within run) widened in quadrature by the slope's between-run half-width
-    (``run_to_run.slope_allowance``: each size's record allowance, independent between
-    sizes, through the least-squares slope; a shift of the whole run leaves it alone). A
+    (``run_to_run.slope_allowance``: the ratio allowance between any two sizes, through
+    the least-squares slope; a shift of the whole run cancels in it). A
     point (medians without samples) stays one, as a value claim's does."""
     if iv.method == "point":
         return iv

@@ -152,14 +152,15 @@ def at_level(between: float, level: float = LEVEL) -> float:
 
 
 def slope_allowance(xs, device=None) -> float:
-    """The between-run 95% half-width of a least-squares slope over ``xs`` (log N) of log
-    times, one record per x. A shift of the whole run moves every point alike and leaves
-    the slope alone; what moves it is each record's own rerun movement, taken here as the
-    whole record allowance and independent between sizes (the least favourable case), so
-    the slope's half-width is the record allowance over sqrt(sum((x - mean x)^2))."""
+    """The between-run 95% half-width of a least-squares slope over ``xs`` (log N) of one
+    run's log times, one record per x. The slope is a contrast of the run's log times (its
+    weights sum to 0), so a shift of the whole run cancels as it does in a ratio of two of
+    its records; each size is given the independent share ``ratio / sqrt(2)`` that makes
+    any two sizes' ratio move by the ratio allowance, so the slope moves by
+    ``ratio / sqrt(2 * sum((x - mean x)^2))``."""
     x = np.asarray(xs, dtype=float)
     sxx = float(np.sum((x - x.mean()) ** 2)) if x.size else 0.0
-    return allowance(device, "record") / math.sqrt(sxx) if sxx > 0 else 0.0
+    return allowance(device, "ratio") / math.sqrt(2 * sxx) if sxx > 0 else 0.0
 
 
 def widen_linear(iv: Interval, between: float) -> Interval:
