@@ -508,6 +508,9 @@ def noise_rechecked(df: pd.DataFrame, timing: dict[str, dict]) -> pd.DataFrame:
     if df.empty or "samples_ms" not in df.columns:
         return df
     df = df.copy()
+    if "noisy" not in df.columns:
+        df["noisy"] = False
+    df["noisy"] = df["noisy"].astype(object)
     for col in ("noisy_by", "noisy_why"):
         if col not in df.columns:
             df[col] = None
