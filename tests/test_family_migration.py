@@ -33,8 +33,9 @@ def _speedup(r):
 
 def outcome(suite, df) -> dict:
     """Every claim's verdict and measured text; every comparison's pairs and speedups."""
+    # within-run intervals: what the old suite gave (the across-runs widening is apart)
     claims = [[r["claim"], r["verdict"], r["measured (95% interval)"]]
-              for _, r in claims_table(df, suite.claims).iterrows()]
+              for _, r in claims_table(df, suite.claims, across=False).iterrows()]
     declared = [dataclasses.replace(c, suite=suite.name) for c in suite.comparisons]
     comps = {}
     for c, _ in comparisons.plan(df, declared, suite.name)[0]:

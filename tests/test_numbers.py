@@ -462,7 +462,7 @@ def test_a_rate_claim_carries_the_time_interval_through_the_inverse(samples, ver
            "frac_matmul": frac, "samples_ms": samples}
     claim = {"text": "t", "kind": "value", "backend": "sliding_window",
              "metric": "frac_matmul", "where": {"seq_len": [4096]}, "expected": [0.5]}
-    (iv,), _ = measure_claim(pd.DataFrame([row]), claim)
+    (iv,), _ = measure_claim(pd.DataFrame([row]), claim, across=False)
     time = intervals.median_interval(samples)
     assert iv.estimate == pytest.approx(frac)
     assert iv.low == pytest.approx(frac * time.estimate / time.high)

@@ -11,20 +11,27 @@ A suite may carry ``[[claim]]`` tables (data, like the rest of the suite):
 * ``kind = "exponent"``: the slope of log(time) over log(N) of ``backend`` on the selected
   cases (seq_q = seq_k).
 
-``expected = [low, high]`` is the range the claim asserts, ``[low]`` means "at least".
-Each measurement carries its 95% interval (a ratio of records timed in the same
-interleaved rounds: from the per-round ratios; otherwise a bootstrap of the ratio of
-medians), and the verdict is ``holds`` (the interval inside the range), ``does not hold``
-(outside) or ``inconclusive`` (it straddles a bound, or covers less than 95%). The report
-prints them side by side; over several runs of one suite, ``pooled_table`` gives each claim
-one random-effects estimate with a Hartung-Knapp interval (``stats.pooling``) beside every
-run's own. A verdict needs the interval to be one the significance rule accepts
-(``stats.significance``: at least ``MIN_SAMPLES`` samples, coverage at the level).
+``expected = [low, high]`` is the range the claim asserts, ``[low]`` means "at least". Each
+measurement carries its 95% interval (a ratio of records timed in the same interleaved
+rounds: from the per-round ratios; otherwise a bootstrap of the ratio of medians), widened
+to the across-runs interval (``stats.run_to_run``) so that a rerun of the same code keeps
+the verdict: by the record allowance for one record's time or rate, the ratio allowance for
+a ratio of two records or a fraction of a ceiling measured in the same run, and for an
+exponent the slope's share of the ratio allowance (``run_to_run.slope_allowance``). The
+verdict is ``holds`` (the interval inside the range), ``does not hold`` (outside) or
+``inconclusive`` (it straddles a bound, or covers less than 95%). The report prints them
+side by side; over several runs of one suite, ``pooled_table`` gives each claim one
+random-effects estimate with a Hartung-Knapp interval (``stats.pooling``) beside every run's own:
+it pools the within-run intervals, since the runs' own scatter is its between-run component
+(the allowance on top would count it twice). A verdict needs the interval to be one the
+significance rule accepts (``stats.significance``: at least ``MIN_SAMPLES`` samples,
+coverage at the level).
 
 A ratio claim of timed medians may declare ``rounds = [8, 16, 24, 32]``: the looks of its
 sequential rule (``stats.sequential``). Its pair is timed in rounds until the ratio's
 interval at the rule's per-look confidence (Bonferroni over the looks) excludes a bound or
-the last look is done, and its verdict here uses that same confidence.
+the last look is done, and its verdict here uses that same confidence (its allowance
+scaled to it, ``run_to_run.at_level``).
 """
 
 from __future__ import annotations
@@ -48,8 +55,11 @@ from attnbench.core import metrics
 # names are also this module's.
 from attnbench.core.record import speed_records
 from attnbench.core.where import case_matches, where_mask
-from attnbench.stats import intervals, pooling, ratios, sequential, significance
-from attnbench.stats.fits import exponent_interval
+from attnbench.stats import intervals, pooling, ratios, run_to_run, sequential, significance
+from attnbench.stats.fits import exponent_across_runs, exponent_interval
+
+# a rate over the run's own measured ceiling: both move with the run's state, as a ratio does
+CEILING_FRACTIONS = ("frac_matmul", "frac_bandwidth")
 
 
 def claim_looks(claim: dict) -> sequential.Looks | None:
@@ -86,14 +96,18 @@ def _value_interval(row, metric: str, scale: float) -> intervals.Interval:
     return intervals.Interval(value, value, value, 1.0, 1, "point")
 
 
-def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[intervals.Interval], str]:
+def measure_claim(df: pd.DataFrame, claim: dict, across: bool = True
+                  ) -> tuple[list[intervals.Interval], str]:
     """The measured values of a claim with their intervals (one per matching case, or one
-    exponent) and a note."""
+    exponent) and a note: across-runs intervals (the within-run ones widened by the
+    between-run allowance), or with ``across`` False the within-run ones (what pooling over
+    runs combines)."""
     metric = claim.get("metric", "time_ms_median")
     where = claim.get("where", {})
     if metric == "time_ms_median" or metrics.get(metric).per_time:
         df = speed_records(df)  # a time under an interpreter is not a speed
     kind = claim["kind"]
+    level = claim_level(claim)
     if kind == "ratio":
         sided = "numerator_where" in claim or "denominator_where" in claim
         on = SHAPE if sided else ["problem"]
@@ -104,18 +118,45 @@ def measure_claim(df: pd.DataFrame, claim: dict) -> tuple[list[intervals.Interva
         j = ratios.join(a, b, on, [metric] + (["claim_rounds", "claim_stop"]
                                               if "rounds" in claim else []))
         looks = claim_looks(claim)
-        level = looks.per_look_confidence if looks else intervals.LEVEL
         measured = [ratios.joined_ratio_interval(r, metric, level) for _, r in j.iterrows()]
+        if across and _timed(metric):
+            measured = [_across(iv, _device(a), "ratio", level) for iv in measured]
         return measured, f"{len(j)} case(s)" + (_rounds_note(j, looks) if looks else "")
     d = _select(df, where, claim["backend"])
     if kind == "value":
         scale = float(claim.get("scale", 1.0))
-        return [_value_interval(r, metric, scale) for _, r in d.iterrows()], f"{len(d)} case(s)"
+        measured = [_value_interval(r, metric, scale) for _, r in d.iterrows()]
+        if across and _timed(metric):
+            what = "ratio" if metric in CEILING_FRACTIONS else "record"
+            measured = [_across(iv, _device(d), what, level) for iv in measured]
+        return measured, f"{len(d)} case(s)"
     d = d[d["seq_q"] == d["seq_k"]]
     iv = exponent_interval(d)
     if iv is None:
         return [], f"needs >= 3 sizes, found {d['seq_q'].nunique()}"
+    if across:
+        iv = exponent_across_runs(iv, d["seq_q"], _device(d))
     return [iv], f"N = {d['seq_q'].min()}..{d['seq_q'].max()}"
+
+
+def _timed(metric: str) -> bool:
+    """Whether a metric is a time or a rate over one: what a rerun moves."""
+    return metric == "time_ms_median" or metrics.get(metric).per_time
+
+
+def _device(d: pd.DataFrame):
+    """The device the selected records ran on (None: not recorded, a CPU run)."""
+    if "device" not in d.columns or not d["device"].notna().any():
+        return None
+    return d["device"].dropna().iloc[0]
+
+
+def _across(iv: intervals.Interval, device, what: str, level: float) -> intervals.Interval:
+    """A claim's within-run interval widened by ``what``'s allowance at the claim's level;
+    a point (no samples) stays one: it has no interval to carry the allowance."""
+    if iv.method == "point":
+        return iv
+    return run_to_run.widen(iv, run_to_run.at_level(run_to_run.allowance(device, what), level))
 
 
 def _rounds_note(j: pd.DataFrame, looks: sequential.Looks) -> str:
@@ -156,10 +197,16 @@ def _fmt(iv: intervals.Interval) -> str:
     return f"{iv.estimate:.3g} [{iv.low:.3g}, {iv.high:.3g}{conf}{paired}]"
 
 
-def claims_table(df: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
+# the column of the measured values (across-runs intervals: the report's legend says so)
+MEASURED = "measured (95% interval)"
+
+
+def claims_table(df: pd.DataFrame, claims: list[dict], across: bool = True) -> pd.DataFrame:
+    """One row per claim of one run: its across-runs intervals (``across`` False: the
+    within-run ones) and the verdict on them."""
     rows = []
     for c in claims:
-        intervals, note = measure_claim(df, c)
+        intervals, note = measure_claim(df, c, across)
         exp = c.get("expected")
         exp_text = "" if not exp else (f"{exp[0]:g}..{exp[1]:g}" if len(exp) > 1
                                        else f">= {exp[0]:g}")
@@ -167,7 +214,7 @@ def claims_table(df: pd.DataFrame, claims: list[dict]) -> pd.DataFrame:
         measured = ", ".join(_fmt(iv) for iv in intervals) if intervals else "-"
         rows.append({"claim": c["text"], "source": c.get("source", ""),
                      "expected": f"{exp_text} {unit}".strip(),
-                     "measured (95% interval)": f"{measured} {unit}".strip() + f" ({note})",
+                     MEASURED: f"{measured} {unit}".strip() + f" ({note})",
                      "verdict": verdict(intervals, exp, claim_level(c))})
     return pd.DataFrame(rows)
 
@@ -188,7 +235,7 @@ def pooled_table(runs: list[tuple[str, pd.DataFrame, list[dict]]]) -> pd.DataFra
     claim_of: dict[str, dict] = {}
     for label, df, claims in runs:
         for c in claims:
-            measured, _ = measure_claim(df.assign(run_id=label), c)
+            measured, _ = measure_claim(df.assign(run_id=label), c, across=False)
             if measured:
                 by_text.setdefault(c["text"], []).append((label, measured))
                 claim_of.setdefault(c["text"], c)

@@ -15,13 +15,14 @@ import pandas as pd
 from attnbench.analysis.claims import claims_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core.record import speed_records, timed_under
+from attnbench.measure.budget import TimingBudget
 from attnbench.measure.ceilings import copy_ladder
 from attnbench.reporting import lines as line_groups
 from attnbench.reporting import tables
 from attnbench.reporting.interval_text import ratio_text
 from attnbench.reporting.plots import n_label
 from attnbench.runs.dataset import Run
-from attnbench.stats import fits, pooling, ratios, run_to_run, significance
+from attnbench.stats import fits, intervals, noise, pooling, ratios, run_to_run, significance
 from attnbench.stats.intervals import Interval, coverage_note, short_of_level
 
 DASH = "-"
@@ -287,8 +288,9 @@ def _sides(ok: pd.DataFrame, a: str, b: str):
 
 def exponent_fits(df: pd.DataFrame, lines: list[str]) -> list[tuple[dict, fits.PowerLaw,
                                                                     object, object]]:
-    """Per line with 3 or more square sizes: (line, the time fit, the bootstrap interval of
-    its exponent, the peak-memory fit or None)."""
+    """Per line with 3 or more square sizes: (line, the time fit, the across-runs interval
+    of its exponent (a bootstrap, widened by the slope's allowance), the peak-memory fit or
+    None)."""
     ok = df[(df["status"] == "ok") & (df["seq_q"] == df["seq_k"])
             & df["time_ms_median"].notna()]
     names = line_groups.shown(df, [c for c in lines if c in df.columns])
@@ -300,13 +302,16 @@ def exponent_fits(df: pd.DataFrame, lines: list[str]) -> list[tuple[dict, fits.P
         mem = g[g["peak_mem_bytes"].notna() & (g["peak_mem_bytes"] > 0)] \
             if "peak_mem_bytes" in g else g.iloc[0:0]
         m = fits.power_law(mem["seq_q"], mem["peak_mem_bytes"]) if not mem.empty else None
-        out.append((line, t, fits.exponent_interval(g), m))
+        iv = fits.exponent_interval(g)
+        device = g["device"].dropna().iloc[0] if "device" in g and g["device"].notna().any() \
+            else None
+        out.append((line, t, iv and fits.exponent_across_runs(iv, g["seq_q"], device), m))
     return out
 
 
 def exponents(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
     """The exponents of time and peak memory in N per line, with their fits' R^2 (1 is a
-    perfect power law) and the time exponent's 95% interval."""
+    perfect power law) and the time exponent's 95% interval (across runs)."""
     rows = []
     for line, t, iv, m in exponent_fits(df, lines):
         rows.append(line | {
@@ -373,7 +378,8 @@ def _probe(meta: dict) -> str:
     spread = (f"spread {p['spread']:.0%} of its median" if p.get("spread") is not None
               else "one reading, no spread")
     return (f"{p['gflops_min']:.3g}-{p['gflops_max']:.3g} GFLOP/s, {spread}; "
-            f"{p.get('noisy_records', 0)} record(s) flagged noisy")
+            f"{p.get('noisy_records', 0)} record(s) flagged noisy when recorded (the "
+            f"report decides the flag again: see its records flagged noisy)")
 
 
 def _ranks(meta: dict) -> str:
@@ -490,6 +496,61 @@ def coverage_headline(df: pd.DataFrame) -> str | None:
             f"coverage and none is called significant")
 
 
+# ---- the noise flag ----------------------------------------------------------------------
+
+
+def noise_rechecked(df: pd.DataFrame, timing: dict[str, dict]) -> pd.DataFrame:
+    """``df`` with each ok record's noise flag decided again by the current rule
+    (``stats.noise``) from its samples and probe readings, with each run's thresholds
+    (``timing``: run label -> its meta's timing table), and ``noisy_why`` the reasons with
+    their figures: a record written under an older rule carries that rule's flag, and the
+    report reads every run by one rule. Records without samples keep their flag."""
+    if df.empty or "samples_ms" not in df.columns:
+        return df
+    df = df.copy()
+    if "noisy" not in df.columns:
+        df["noisy"] = False
+    df["noisy"] = df["noisy"].astype(object)
+    for col in ("noisy_by", "noisy_why"):
+        if col not in df.columns:
+            df[col] = None
+        df[col] = df[col].astype(object)
+    default = TimingBudget()
+    for i, r in df.iterrows():
+        samples = ratios.samples(r.get("samples_ms"))
+        if r.get("status") != "ok" or not samples:
+            continue
+        t = timing.get(str(r.get("run_id"))) or {}
+        reach = intervals.median_interval(samples).half_width_rel if len(samples) >= 2 \
+            else None
+        probe = r.get("probe_readings")
+        found = noise.flag_reasons(samples, reach, probe if isinstance(probe, list) else [],
+                                   float(t.get("unsteady_rel", default.unsteady_rel)),
+                                   float(t.get("noise_threshold", default.noise_threshold)))
+        df.at[i, "noisy"] = bool(found)
+        df.at[i, "noisy_by"] = "+".join(f.check for f in found) if found else None
+        df.at[i, "noisy_why"] = "; ".join(f.text() for f in found) if found else None
+    return df
+
+
+def noisy_records(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
+    """One row per ok record flagged noisy: its line, size, and each check that flagged it
+    with what it measured against the limit it passed."""
+    if "noisy" not in df.columns:
+        return pd.DataFrame()
+    flagged = df[(df["status"] == "ok") & df["noisy"].astype(object).eq(True)]
+    names = [c for c in lines if c in flagged.columns]
+    rows = []
+    for _, r in flagged.iterrows():
+        why = r.get("noisy_why")
+        if not isinstance(why, str) or not why:
+            by = r.get("noisy_by")
+            why = f"{by if isinstance(by, str) and by else 'probe'} (recorded; no samples " \
+                  "to say by how much)"
+        rows.append({c: r[c] for c in names} | {"N": tables.seq_label(r), "reason": why})
+    return pd.DataFrame(rows)
+
+
 def unsteady_headline(df: pd.DataFrame) -> str | None:
     """When records were flagged noisy: how many, by the probe and by their own samples."""
     if "noisy" not in df.columns:
@@ -508,7 +569,8 @@ def unsteady_headline(df: pd.DataFrame) -> str | None:
     runs = sorted(set(noisy["run_id"])) if "run_id" in noisy else []
     where = f" (runs: {', '.join(map(str, runs))})" if len(runs) > 1 else ""
     return (f"unsteady: {len(noisy)} of {len(ok)} ok records flagged noisy{where}: "
-            f"{'; '.join(parts)}; marked ~ in the tables")
+            f"{'; '.join(parts)}; marked ~ in the tables, each with its reason in the "
+            f"appendix")
 
 
 def claim_verdicts(df: pd.DataFrame, claims: list[dict]) -> str | None:

@@ -81,7 +81,9 @@ class Report:
     def __init__(self, runs: list[dataset.Run], out_dir: Path):
         self.runs = runs
         self.out = out_dir
-        self.df = dataset.combined(runs)
+        # every run's noise flag by the current rule, with its reasons (the appendix lists them)
+        self.df = findings.noise_rechecked(dataset.combined(runs), {
+            r.label: r.meta.get("timing") or {} for r in runs})
         self.palette = plots.Palette()
         self.files: list[str] = []
         self.claims = {r.label: [sources.cited(c) for c in r.meta.get("claims") or []]
@@ -202,9 +204,10 @@ class Report:
                          Bold(suites or "?"), f" on {devices}. Every interval is 95%, paired "
                          "where both sides were timed in the same interleaved rounds, unless "
                          "its coverage is written next to it, as in [3.47, 4.47, 75%]. "
-                         f"Speedups and winners' margins: {self.interval_legend()}; figures "
-                         "pooled over runs: Hartung-Knapp (the runs' own spread); claims "
-                         "of one run and times: within run (this run's samples only). One "
+                         f"Speedups, winners' margins, claims of one run and exponents: "
+                         f"{self.interval_legend()}; figures pooled over runs: Hartung-Knapp "
+                         "(the runs' own spread, no allowance on top); times: within run "
+                         "(this run's samples only). One "
                          "that reaches further than its value from it reads 'too noisy to "
                          "say'. Points that are not ok are marked with their status at the "
                          "bottom of a chart. The environment, exponents in N, records that "
@@ -277,10 +280,14 @@ class Report:
                 out += [Heading(2, "Claims decided"),
                         Para(["Each claim is data in the suite; its measurement comes from the "
                               "run's ok records with a 95% interval ('paired' when both sides "
-                              "were timed in the same interleaved rounds, else a bootstrap). "
-                              "A claim decided by sequential rounds uses its stopping rule's "
-                              "wider per-look interval instead, as its row says, so the "
-                              "verdict is the one the rule stopped on. "
+                              "were timed in the same interleaved rounds, else a bootstrap), "
+                              "widened to the across-runs interval so that a rerun keeps the "
+                              f"verdict ({self.interval_legend()}: the record's for a time or "
+                              "a rate, the ratio's for a ratio or a fraction of a ceiling "
+                              "measured in the run, the slope's share of the ratio's for an "
+                              "exponent). A claim decided by sequential rounds uses its "
+                              "stopping rule's wider per-look interval instead (the allowance "
+                              "scaled to that level), as its row says. "
                               "'inconclusive': the interval straddles an expected bound."])]
             table = claims_table(run.records.assign(run_id=run.label), claims)
             missing = table["verdict"] == "not measured"
@@ -296,7 +303,9 @@ class Report:
                           "them: a random-effects (DerSimonian-Laird) combination of the "
                           "runs' log-ratios, which adds the spread between runs to each run's "
                           "own error, with a Hartung-Knapp interval (a t quantile on runs - 1 "
-                          "degrees of freedom: few runs, wide intervals); the verdict is read "
+                          "degrees of freedom: few runs, wide intervals) of the runs' "
+                          "within-run intervals (their own scatter is the between-run part, so "
+                          "no allowance is added); the verdict is read "
                           "from the pooled interval. Runs that "
                           "take turns between verdicts near a bound converge here."]),
                     Table(pooled.set_index("claim"))]
@@ -403,8 +412,20 @@ class Report:
                           "over log(N), per line with three or more square sizes; R^2 of the "
                           "log-log fit says how well one power law describes the line (1 is "
                           "perfect). The time exponent's interval is a bootstrap over each "
-                          "size's samples."]),
+                          "size's samples, widened by the slope's share of the between-run "
+                          f"allowance ({self.interval_legend()})."]),
                     Table(exps)]
+        noisy = findings.noisy_records(df, lines)
+        if not noisy.empty:
+            out += [Heading(2, "Records flagged noisy"),
+                    Para([f"{len(noisy)} of {int((df['status'] == 'ok').sum())} ok records, "
+                          "each with the check that flagged it and by how much: 'probe' (the "
+                          "drift probe's level moved within the record's group beyond its "
+                          "own jitter), 'spread' (the samples scatter more than the larger of "
+                          "the run's floor and twice the probe's scatter), 'samples' (the "
+                          "record's own interval reaches past the run's limit). Decided by "
+                          "the current rule from each record's samples and probe readings."]),
+                    Table(noisy)]
         bad = findings.reasons(df)
         out.append(Heading(2, "Records that are not ok"))
         out.append(Table(bad, "Grouped by status, backend and reason.") if not bad.empty

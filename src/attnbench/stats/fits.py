@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnbench.stats import intervals
+from attnbench.stats import intervals, run_to_run
 from attnbench.stats.ratios import samples
 
 
@@ -72,6 +72,18 @@ def exponent_interval(d: pd.DataFrame, n_boot: int = 400) -> intervals.Interval 
     confidence = min(intervals.LEVEL, intervals.median_ranks(fewest)[2])
     return intervals.Interval(slope, float(min(low, slope)), float(max(high, slope)),
                               confidence, len(by_n), "bootstrap-fit")
+
+
+def exponent_across_runs(iv: intervals.Interval, ns, device=None) -> intervals.Interval:
+    """An exponent's interval over sizes ``ns`` that a rerun respects: the bootstrap's
+    (within run) widened in quadrature by the slope's between-run half-width
+    (``run_to_run.slope_allowance``: the ratio allowance between any two sizes, through
+    the least-squares slope; a shift of the whole run cancels in it). A
+    point (medians without samples) stays one, as a value claim's does."""
+    if iv.method == "point":
+        return iv
+    xs = np.log(np.asarray(sorted(set(float(n) for n in ns)), dtype=float))
+    return run_to_run.widen_linear(iv, run_to_run.slope_allowance(xs, device))
 
 
 @dataclass(frozen=True)

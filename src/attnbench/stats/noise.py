@@ -15,9 +15,13 @@ ignore the flag. A record is flagged for what sets it apart instead, by any of:
   half's range (the machine changed speed while the record was timed).
 
 Spreads are interquartile ranges over the median, so they compare across sample counts.
+Each check that flags a record says by how much (``Flag``: what it measured, the limit it
+passed), so the report can show the reason beside every flagged record.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,30 +42,70 @@ def rel_spread(values) -> float | None:
     return float(q3 - q1) / abs(med)
 
 
-def probe_moved(readings) -> bool:
-    """Whether the probe's level moved within a group: the medians of its first and second
-    half of readings (in time order) differ by more than either half's own range."""
+@dataclass(frozen=True)
+class Flag:
+    """One check that flagged a record: ``measured`` passed ``limit`` (both relative to the
+    median they are read against)."""
+
+    check: str  # one of REASONS
+    measured: float
+    limit: float
+
+    def text(self) -> str:
+        """'spread: samples' IQR 31% of their median, over 12% (...)': the reason in words."""
+        what = {"probe": "the drift probe's level moved {m} of its median within the group, "
+                         "over its halves' own range {l}",
+                "spread": "samples' IQR {m} of their median, over {l} (the larger of the "
+                          "run's floor and twice the probe's IQR)",
+                "samples": "its interval reaches {m} from its median, over {l}"}[self.check]
+        return f"{self.check}: " + what.format(m=f"{self.measured:.0%}", l=f"{self.limit:.0%}")
+
+
+def probe_move(readings) -> Flag | None:
+    """The probe's move within a group when it is beyond its own jitter: the medians of its
+    first and second half of readings (in time order) differ by more than either half's own
+    range (both over the readings' median); None when it did not move, or with fewer than
+    ``MIN_PROBE_READINGS`` readings."""
     x = np.asarray(readings, dtype=float).ravel()
     if x.size < MIN_PROBE_READINGS:
-        return False
+        return None
     first, second = x[: x.size // 2], x[x.size // 2:]
     jitter = max(np.ptp(first), np.ptp(second))
-    return bool(abs(np.median(second) - np.median(first)) > jitter)
+    move = abs(np.median(second) - np.median(first))
+    if not move > jitter:
+        return None
+    scale = abs(float(np.median(x))) or 1.0
+    return Flag("probe", float(move) / scale, float(jitter) / scale)
+
+
+def probe_moved(readings) -> bool:
+    """Whether the probe's level moved within a group (``probe_move``)."""
+    return probe_move(readings) is not None
+
+
+def flag_reasons(samples, interval_reach: float | None, probe_readings, unsteady_rel: float,
+                 min_spread: float) -> list[Flag]:
+    """Each check (of ``REASONS``, in that order) that flags a record noisy, with what it
+    measured and the limit it passed; [] when it is steady. ``interval_reach`` is its
+    interval's larger distance from the median, relative (None: no interval)."""
+    out = []
+    moved = probe_move(probe_readings)
+    if moved is not None:
+        out.append(moved)
+    own = rel_spread(samples)
+    machine = rel_spread(probe_readings)
+    if own is not None and machine is not None:
+        limit = max(min_spread, SPREAD_FACTOR * machine)
+        if own > limit:
+            out.append(Flag("spread", own, limit))
+    if interval_reach is not None and interval_reach > unsteady_rel:
+        out.append(Flag("samples", interval_reach, unsteady_rel))
+    return out
 
 
 def flags(samples, interval_reach: float | None, probe_readings, unsteady_rel: float,
           min_spread: float) -> list[str]:
     """The reasons (of ``REASONS``, in that order) a record is flagged noisy; [] when it is
-    steady. ``interval_reach`` is its interval's larger distance from the median, relative
-    (None: no interval)."""
-    out = []
-    if probe_moved(probe_readings):
-        out.append("probe")
-    own = rel_spread(samples)
-    machine = rel_spread(probe_readings)
-    if own is not None and machine is not None and own > max(min_spread,
-                                                              SPREAD_FACTOR * machine):
-        out.append("spread")
-    if interval_reach is not None and interval_reach > unsteady_rel:
-        out.append("samples")
-    return out
+    steady (``flag_reasons`` without the figures)."""
+    return [f.check for f in flag_reasons(samples, interval_reach, probe_readings,
+                                          unsteady_rel, min_spread)]

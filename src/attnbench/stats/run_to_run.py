@@ -138,3 +138,37 @@ def widen(iv: Interval, between: float) -> Interval:
     hi = math.sqrt(math.log(iv.high / iv.estimate) ** 2 + between ** 2)
     return Interval(iv.estimate, iv.estimate * math.exp(-lo), iv.estimate * math.exp(hi),
                     iv.confidence, iv.n, iv.method + "/runs")
+
+
+def at_level(between: float, level: float = LEVEL) -> float:
+    """A 95% between-run half-width rescaled to ``level`` by normal quantiles: an interval
+    at a wider level (a sequential rule's per-look one) carries a wider allowance too."""
+    if level == LEVEL or between <= 0:
+        return between
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    return between * z(0.5 + level / 2) / z(0.5 + LEVEL / 2)
+
+
+def slope_allowance(xs, device=None) -> float:
+    """The between-run 95% half-width of a least-squares slope over ``xs`` (log N) of one
+    run's log times, one record per x. The slope is a contrast of the run's log times (its
+    weights sum to 0), so a shift of the whole run cancels as it does in a ratio of two of
+    its records; each size is given the independent share ``ratio / sqrt(2)`` that makes
+    any two sizes' ratio move by the ratio allowance, so the slope moves by
+    ``ratio / sqrt(2 * sum((x - mean x)^2))``."""
+    x = np.asarray(xs, dtype=float)
+    sxx = float(np.sum((x - x.mean()) ** 2)) if x.size else 0.0
+    return allowance(device, "ratio") / math.sqrt(2 * sxx) if sxx > 0 else 0.0
+
+
+def widen_linear(iv: Interval, between: float) -> Interval:
+    """``iv`` with a between-run half-width ``between`` (on its own scale: a slope, not a
+    ratio) added to each side's own in quadrature."""
+    if between <= 0 or not all(map(math.isfinite, (iv.estimate, iv.low, iv.high))):
+        return iv
+    lo = math.hypot(iv.estimate - iv.low, between)
+    hi = math.hypot(iv.high - iv.estimate, between)
+    return Interval(iv.estimate, iv.estimate - lo, iv.estimate + hi, iv.confidence, iv.n,
+                    iv.method + "/runs")
