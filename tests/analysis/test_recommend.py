@@ -148,7 +148,7 @@ def test_backends_after_the_runner_up_carry_their_ratio_interval(tmp_path, capsy
     assert len(then) == 1 and "3x [" in then[0], then  # paired rounds: 3 with its interval
 
 
-FAMILY = Path(__file__).parent / "fixtures" / "recommend-family"  # a family run's causal fwd
+FAMILY = Path(__file__).parents[1] / "fixtures" / "recommend-family"  # a family run's causal fwd
 FAVOR = "b1-hq8-hkv8-q4096-k4096-d64-dv64-float32-cpu-causal-fwd-s0-feature_map=favor"
 
 

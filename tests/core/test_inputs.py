@@ -239,7 +239,7 @@ def test_records_from_before_the_inputs_axis_keep_their_keys():
     import json
     from pathlib import Path
 
-    path = Path(__file__).with_name("fixtures") / "old_records" / "records.jsonl"
+    path = Path(__file__).parents[1] / "fixtures" / "old_records" / "records.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) >= 20 and all("inputs" not in row for row in rows)
     for row in rows:

@@ -22,7 +22,7 @@ from attnbench.measure.case_cache import CaseCache
 from attnbench.measure.execute import Candidate, open_job
 from attnbench.runs.suite import load_suite
 
-OLD_RECORDS = Path(__file__).parent / "fixtures" / "old_records" / "records.jsonl"
+OLD_RECORDS = Path(__file__).parents[1] / "fixtures" / "old_records" / "records.jsonl"
 
 
 # ---- the page table ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 from attnbench.implementations import _native
 from attnbench.implementations import _native_build as nb
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 # Hang bounds only: the fake build takes about a second; a start that waits on a dead
 # build's lock never finishes at all.
 START_S = 120  # a fresh interpreter reaching a moment, on a loaded machine

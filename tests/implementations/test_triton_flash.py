@@ -44,7 +44,7 @@ if ON_GPU and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET=0 asks for the compiled kernels, but no CUDA GPU is present",
                 allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BACKEND = get_backend("triton_flash")
 # fp32 relative L2 bound: the interpreter multiplies in fp32; on a GPU fp32 runs as 3xTF32.
 FP32_TOL = 2e-5 if ON_GPU else 2e-6

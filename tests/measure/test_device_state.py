@@ -423,7 +423,7 @@ def test_compare_prints_device_state_before_the_verdicts(tmp_path, capsys, monke
 
 
 def test_pynvml_is_an_optional_extra():
-    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     assert 'gpu = ["nvidia-ml-py"]' in text
 
 

@@ -16,7 +16,7 @@ import pytest
 from attnbench.reporting import document, panels, plots, report, tables
 from attnbench.reporting.report import build_report
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 RUNS = sorted((FIXTURES / "runs").iterdir())
 
 

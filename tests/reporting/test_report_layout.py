@@ -21,7 +21,7 @@ from attnbench.reporting.publish import build_index
 from attnbench.reporting.report import build_report
 from attnbench.stats.intervals import Interval
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 RUNS = sorted((FIXTURES / "runs").iterdir())
 MODEL_RUN = FIXTURES / "models" / "2026-12-01-model-steps-cpu"
 

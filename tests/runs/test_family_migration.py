@@ -21,8 +21,8 @@ from attnbench.reporting.findings import speedups
 from attnbench.runs.record_files import load_results
 from attnbench.runs.suite import load_suite
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "family-migration"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "family-migration"
 FAMILY = ROOT / "suites" / "family.toml"
 
 

@@ -29,7 +29,7 @@ from attnbench.runs.model_suite import load_model_suite
 from attnbench.runs.record_files import RecordWriter, read_records, record_lines
 
 KNOWN = sorted(all_backends())
-OLD_RUN = Path(__file__).parent / "fixtures" / "models" / "2026-12-01-model-steps-cpu"
+OLD_RUN = Path(__file__).parents[1] / "fixtures" / "models" / "2026-12-01-model-steps-cpu"
 SUITE = """
 name = "tiny-models"
 [models]

@@ -14,7 +14,7 @@ from attnbench.runs import model_runner
 from attnbench.runs.model_suite import load_model_suite
 from attnbench.runs.record_files import load_results, read_records
 
-SUITES = Path(__file__).parents[1] / "suites"
+SUITES = Path(__file__).parents[2] / "suites"
 KNOWN = sorted(all_backends())
 TINY = """
 name = "tiny-models"

@@ -9,7 +9,7 @@ from attnbench.core.errors import BadInput
 from attnbench.core.registry import all_backends
 from attnbench.runs.suite import load_suite
 
-SUITES = Path(__file__).parents[1] / "suites"
+SUITES = Path(__file__).parents[2] / "suites"
 TWO = """
 name = "tiny"
 [[sweep]]

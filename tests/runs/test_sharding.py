@@ -32,7 +32,7 @@ from attnbench.runs.pairing import job_groups
 from attnbench.runs.sharding import Shard, assign
 from attnbench.runs.suite import load_suite
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 SUITE = """
 name = "shard"
 description = "8 tiny pairs in 4 groups: naive and a fake, N 16 and 32, fwd and fwd+bwd"

@@ -125,7 +125,7 @@ def test_shipped_suites_are_valid():
 
     from attnbench.core.registry import all_backends
 
-    for path in sorted((Path(__file__).parents[1] / "suites").glob("*.toml")):
+    for path in sorted((Path(__file__).parents[2] / "suites").glob("*.toml")):
         suite = load_suite(str(path), sorted(all_backends()))
         assert suite.jobs(), path
 

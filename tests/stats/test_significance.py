@@ -218,7 +218,7 @@ def _gate():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parent.parent / "benchmarks" / "gate.py"
+    path = Path(__file__).parents[2] / "benchmarks" / "gate.py"
     spec = importlib.util.spec_from_file_location("attnbench_gate", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
