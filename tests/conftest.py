@@ -40,6 +40,16 @@ def write_suite(tmp_path):
 
 
 @pytest.fixture
+def tiny(tmp_path):
+    """run_command.TINY written as a suite file: four pairs that run in a second."""
+    from run_command import TINY
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+@pytest.fixture
 def fake_clock(fake_backends, monkeypatch):
     """The timer and the drifting fake backends on one FakeClock (also in worker processes
     this test starts): sampling, rounds and drift are then exact on any machine."""

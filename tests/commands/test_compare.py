@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from run_command import run
 
 from attnbench.cli import main
 from attnbench.stats import intervals, significance
@@ -108,3 +109,23 @@ def test_when_the_backends_disagree_the_probe_tells_the_machine(tmp_path, capsys
     out = capsys.readouterr().out
     assert "the machine moved 1x" in out and "the drift probe" in out
     assert out.count("REGRESSION sdpa") == 4 and "REGRESSION naive" not in out
+
+
+def test_compare_counts_what_is_missing(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "A") == 0
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "B",
+               "--backends", "naive") == 0
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "C", "--backends",
+               "sdpa", "--seq-len", "64") == 0
+    capsys.readouterr()
+    a, b, c = (str(out / x) for x in "ABC")
+    assert main(["compare", a, c, "--fail-on-regression"]) == 1
+    assert "nothing was compared" in capsys.readouterr().out
+    # two runs timed minutes apart on a loaded machine can really differ by more than 10%
+    # (compare has the power to see it at n = 3): this test is about missing pairs, so a
+    # threshold no timing noise reaches
+    loose = ["--threshold", "100"]
+    assert main(["compare", a, b, "--fail-on-regression", *loose]) == 1
+    assert "missing: 2 pair(s) of the base run" in capsys.readouterr().out
+    assert main(["compare", a, b, "--fail-on-regression", "--allow-missing", *loose]) == 0

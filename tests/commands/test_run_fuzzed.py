@@ -249,3 +249,17 @@ def test_hostile_suites_through_a_subprocess(name, sandbox):
     assert proc.returncode == expected_code
     assert fragment in (proc.stdout + proc.stderr)
     assert sorted(p.name for p in sandbox.iterdir()) == ["home", "s.toml"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(argv=st.lists(st.sampled_from(["--seq-len", "--dtype", "--backends", "--threads",
+                                      "--device", "--retry", "0", "-1", "", "x", "16",
+                                      "float32", "naive", "1e9", "cuda", ","]), max_size=6))
+def test_fuzzed_command_lines_dry_run(tmp_path_factory, argv):
+    out = tmp_path_factory.mktemp("fuzz") / "results"
+    try:
+        code = main(["run", "--dry-run", "--out", str(out), "--suite", "quick", *argv])
+    except SystemExit as exc:  # argparse: usage error, exit 2
+        code = exc.code
+    assert code in (0, 2)
+    assert not out.exists()

@@ -4,10 +4,13 @@ before anything is expanded or run."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from run_command import TINY, files_under, one_line_error, run
 
 from attnbench.cli import main
+from attnbench.runs.record_files import RECORDS
 
 BASE = """
 name = "hostile"
@@ -289,3 +292,74 @@ def test_auto_is_refused_before_the_device_is_resolved_where_every_device_is_too
     code, err = answer(capsys, tmp_path, monkeypatch, text)
     assert code == 2 and "at least 1000000 pairs exceed" in one_line(err)
 
+
+@pytest.mark.parametrize("run_id", ["../escape", "a/b", "x" * 230, "nul\x00byte", ".hidden"])
+def test_unsafe_run_ids_are_refused(tiny, tmp_path, capsys, run_id):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", run_id) == 2
+    assert "--run-id" in one_line_error(capsys)
+    assert files_under(tmp_path) <= {tiny} | files_under(out)
+    assert not (tmp_path / "escape").exists()
+
+
+def _bad_suite(tmp_path, text):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--backends", ""], ["--dtype", ""], ["--threads", "-1"], ["--seq-len", "0"],
+    ["--retry", "crashed"], ["--device", "tpu"],
+])
+def test_bad_command_lines(tiny, tmp_path, capsys, argv):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), *argv) == 2
+    one_line_error(capsys)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("patch", [
+    ('budget_s = 0.002', 'budget_s = "fast"'),
+    ('budget_s = 0.002', 'timeout_s = [1]'),
+    ('budget_s = 0.002', 'timeout_s = inf'),
+    ('budget_s = 0.002', 'timeout_s = 1e308'),
+    ('seq_len = [16, 32]', 'seq_len = ' + '[' * 500 + '1' + ']' * 500),
+    ('[axes]\nheads_q = 1\nhead_dim = 8\nseq_len = [16, 32]', '[axes]'),
+    ('[timing]', '[[claim]]\ntext = "t"\nkind = "value"\nbackend = "naive"\n'
+                 'metric = "reason"\n[timing]'),
+])
+def test_bad_suites(tmp_path, capsys, patch):
+    text = TINY.replace(*patch)
+    assert text != TINY
+    out = tmp_path / "results"
+    assert run("--suite", _bad_suite(tmp_path, text), "--out", str(out)) == 2
+    one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_bad_files_and_outputs(tiny, tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert run("--suite", str(tiny), "--out", str(a_file)) == 2
+    assert "is a file" in one_line_error(capsys)
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "M") == 0
+    (out / "M" / "meta.json").write_text("{not json")
+    capsys.readouterr()
+    assert run("--resume", "M", "--out", str(out)) == 2
+    assert "corrupt" in one_line_error(capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / RECORDS).write_text("")
+    assert main(["report", str(empty)]) == 2
+    assert "holds no record" in one_line_error(capsys)
+    assert main(["compare", str(out / "M"), str(out / "M"), "--metric", "reason"]) == 2
+    one_line_error(capsys)
+    assert main(["compare", str(out / "M"), str(out / "M"), "--threshold", "-5"]) == 2
+    one_line_error(capsys)
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        assert run("--suite", str(tiny), "--out", str(ro / "x")) == 2
+        one_line_error(capsys)

@@ -47,10 +47,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from run_command import one_line_error, run
 
 from attnbench.reporting import document
 from attnbench.runs import record_files
-from attnbench.runs.record_files import CSV, META, RECORDS, read_records
+from attnbench.runs.record_files import CSV, META, RECORDS, read_meta, read_records
+from attnbench.runs.run_folder import RunLock
 
 SUITE = """
 name = "chaos"
@@ -490,3 +492,44 @@ def test_cutting_a_torn_tail_when_killed_midway_keeps_every_complete_record(tmp_
             record_files.RecordWriter(tmp_path).close()
     assert path.read_text().startswith(complete)
     assert [r["key"] for r in read_records(tmp_path)] == ["k0", "k1", "k2"]
+
+
+@pytest.mark.slow
+def test_bare_resume_replays_the_runs_own_suite_and_flags(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--seq-len", "16,32", "--backends", "naive",
+               "--out", str(out), "--run-id", "F") == 0
+    full = read_records(out / "F")
+    assert len(full) == 2
+    lines = (out / "F" / RECORDS).read_text().splitlines()
+    (out / "F" / RECORDS).write_text(lines[0] + "\n" + lines[1][:20])  # killed mid-write
+    capsys.readouterr()
+    assert run("--resume", "F", "--out", str(out)) == 0  # no --suite: the run's own
+    assert "the last line was cut off" in capsys.readouterr().err
+    again = read_records(out / "F")
+    assert sorted((r["key"], r["backend"]) for r in again) == \
+        sorted((r["key"], r["backend"]) for r in full)
+    assert read_meta(out / "F")["suite"] == "tiny"
+    assert run("--resume", "F", "--out", str(out), "--suite", "quick") == 2
+    assert "contradicts the run being resumed" in one_line_error(capsys)
+
+
+def test_retry_supersedes_the_crashed_record(tiny, tmp_path):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "R") == 0
+    path = out / "R" / RECORDS
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    recs[0] |= {"status": "crashed", "reason": "worker process killed by signal SIGSEGV"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert run("--resume", "R", "--out", str(out), "--retry", "crashed,timeout") == 0
+    after = read_records(out / "R")
+    assert len(after) == len(recs) and all(r["status"] == "ok" for r in after)
+    assert len(path.read_text().splitlines()) == len(recs) + 1  # history kept in the file
+
+
+def test_a_locked_run_refuses_a_second_writer(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    assert run("--suite", str(tiny), "--out", str(out), "--run-id", "L") == 0
+    with RunLock(out / "L"):
+        assert run("--resume", "L", "--out", str(out)) == 2
+    assert "a run is writing to it" in one_line_error(capsys)

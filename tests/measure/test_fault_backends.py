@@ -129,3 +129,59 @@ def test_chatty_output_stays_in_the_worker_log(fault_run, capfd):
     assert len(log) < 1024 + 4096  # cut between groups past 1 KiB here
     # (the cut itself: test_worker_limits.py)
     assert "fake_chatty" not in capfd.readouterr().out
+
+
+# ---- fault backends in the isolated worker ---------------------------------------------
+STATE_AND_MEMORY_FAULTS = """
+name = "faults"
+[timing]
+warmup_s = 0.0
+budget_s = 0.005
+min_reps = 2
+max_reps = 3
+timeout_s = 60
+[defaults]
+heads_q = 1
+head_dim = 8
+[[sweep]]
+backends = ["fake_state", "fake_abort", "fake_shape", "fake_chatty", "fake_state_check",
+            "naive"]
+[sweep.axes]
+seq_len = [16, 32]
+[[sweep]]
+backends = ["fake_hog"]
+[sweep.axes]
+seq_len = [16, 256, 512]
+"""
+
+
+@pytest.mark.slow
+def test_fault_backends_cost_one_record_each(fake_backends, tmp_path, capfd, monkeypatch):
+    import torch
+
+    from attnbench.core.registry import all_backends
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
+
+    monkeypatch.setenv("FAKE_EXPECT_THREADS", str(torch.get_num_threads()))
+    path = tmp_path / "faults.toml"
+    path.write_text(STATE_AND_MEMORY_FAULTS)
+    suite = load_suite(str(path), sorted(all_backends()))
+    run_dir = run_suite(suite, "cpu", RunOptions(out=tmp_path / "results", run_id="f",
+                                                 progress=False, measure_ceilings=False,
+                                                 max_memory_bytes=4 * 2**30))
+    by = {(r["backend"], r["seq_q"]): r for r in read_records(run_dir)}
+    for n in (16, 32):
+        abort = by[("fake_abort", n)]
+        assert abort["status"] == "crashed" and "SIGABRT" in abort["reason"]
+        assert "fake_abort: giving up on purpose" in abort["reason"]
+        assert by[("fake_shape", n)]["status"] in ("error", "wrong")
+        for ok in ("fake_state", "fake_chatty", "naive"):
+            assert by[(ok, n)]["status"] == "ok", by[(ok, n)]
+        # settings fake_state left behind were restored before the next backend's setup
+        assert by[("fake_state_check", n)]["status"] == "ok", by[("fake_state_check", n)]
+    assert by[("fake_hog", 16)]["status"] == "ok"
+    assert by[("fake_hog", 256)]["status"] == "oom"  # 8 GiB under a 4 GiB cap
+    assert by[("fake_hog", 512)]["status"] == "skipped"
+    assert "fake_chatty: stdout noise" not in capfd.readouterr().out
+    assert "fake_chatty: stdout noise" in (run_dir / "worker.log").read_text()

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from run_command import TINY
 
 from attnbench import load_results
 from attnbench.runs.record_files import RECORDS, STATUSES, read_records
@@ -191,3 +192,37 @@ def test_compare_flags_slower_and_broken_records(status_run, tmp_path, capsys):
     # 3% slower and significant, but within the 10% threshold: no regression
     assert main(["compare", str(base), str(noise), "--fail-on-regression"]) == 0
     assert "0 regression(s)" in capsys.readouterr().out
+
+
+def test_dtypes_far_slower_than_float32_are_left_out_saying_why():
+    from attnbench.runs.runner import slow_dtypes
+
+    ceilings = {"matmul_tflops": {"float32": 0.2, "bfloat16": 0.0024}}  # an AVX2 host
+    slow = slow_dtypes(ceilings, 8)
+    assert list(slow) == ["bfloat16"]
+    assert "0.0024 TFLOP/s" in slow["bfloat16"] and "--dtype bfloat16" in slow["bfloat16"]
+    assert slow_dtypes({"matmul_tflops": {"float32": 0.2, "bfloat16": 0.44}}, 8) == {}
+    assert slow_dtypes(ceilings, 0) == {}  # a suite without the option runs every dtype
+    # an AMX host: bf16 15x faster than float32, which is still run (the reference precision)
+    assert slow_dtypes({"matmul_tflops": {"float32": 0.07, "bfloat16": 1.1}}, 8) == {}
+    assert list(slow_dtypes({"matmul_tflops": {"float32": 0.07, "bfloat16": 1.1,
+                                                "float16": 0.001}}, 8)) == ["float16"]
+
+
+@pytest.mark.slow
+def test_a_lost_cuda_context_gets_a_fresh_worker(fake_backends, tmp_path):
+    from attnbench.core.registry import all_backends
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
+
+    path = tmp_path / "ctx.toml"
+    path.write_text(TINY.replace('backends = ["naive", "sdpa"]',
+                                 'backends = ["naive", "fake_context_lost"]'))
+    suite = load_suite(str(path), sorted(all_backends()))
+    run_dir = run_suite(suite, "cpu", RunOptions(out=tmp_path / "r", run_id="c",
+                                                 progress=False, measure_ceilings=False))
+    recs = read_records(run_dir)
+    lost = [r for r in recs if r["backend"] == "fake_context_lost"]
+    assert all(r["status"] == "error" and r["context_lost"] for r in lost)
+    pids = [r["worker_pid"] for r in recs if r["backend"] == "naive"]
+    assert len(set(pids)) == len(pids) == 2  # each group after a lost context: a new worker

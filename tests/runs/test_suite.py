@@ -1,9 +1,14 @@
 """Suite loading, expansion and validation messages."""
 
+import math
+from pathlib import Path
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnbench.core.errors import BadInput
-from attnbench.runs.suite import load_suite
+from attnbench.runs.suite import AXIS_KEYS, TIMING_KEYS, TOP_KEYS, load_suite, parse_suite
 
 KNOWN = ["naive", "sdpa"]
 GOOD = """
@@ -297,3 +302,40 @@ def test_rounds_belong_to_ratio_claims_and_one_set_of_looks(write_suite):
     two = SEQUENTIAL.format(rounds="[8, 16]") + SEQUENTIAL.format(rounds="[8, 24]")[len(GOOD):]
     with pytest.raises(BadInput, match="share one set of looks"):
         load_suite(str(write_suite(two)), KNOWN)
+
+
+# ---- fuzzing: any suite either loads or fails with one BadInput line --------------------
+scalars = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                    st.text(max_size=12), st.booleans(), st.just(math.inf))
+
+
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=8)
+
+
+keys = st.sampled_from(list(AXIS_KEYS) + list(TIMING_KEYS) + ["junk", "backends", "name"])
+
+
+tables = st.dictionaries(keys, values, max_size=6)
+
+
+suites = st.fixed_dictionaries(
+    {}, optional={"name": st.one_of(st.text(max_size=30), scalars),
+                  "backends": st.one_of(st.lists(st.sampled_from(["naive", "sdpa", "nope"]),
+                                                 max_size=3), scalars),
+                  "axes": st.one_of(tables, scalars), "timing": st.one_of(tables, scalars),
+                  "defaults": tables, "sweep": st.one_of(st.lists(tables, max_size=3), scalars),
+                  "exclude": st.one_of(st.lists(tables, max_size=2), scalars),
+                  "claim": st.one_of(st.lists(tables, max_size=2), scalars),
+                  "colour": scalars})
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=suites)
+def test_fuzzed_suites_load_or_fail_with_one_line(data):
+    assert set(data) <= set(TOP_KEYS) | {"colour"}
+    try:
+        suite = parse_suite(data, Path("fuzz.toml"), ["naive", "sdpa"])
+    except BadInput as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("fuzz.toml")
+        return
+    suite.jobs()  # a suite that loads expands into jobs without an exception
