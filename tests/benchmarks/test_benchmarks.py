@@ -121,3 +121,32 @@ def test_benchmark_samples_come_from_the_timing_loop(monkeypatch):
     samples, stop = module.samples_ms(opened, budget)
     assert stop == "precision" and len(samples) == 6
     assert samples == pytest.approx([1.0] * 6)
+
+
+def _benchmarks_module(name):
+    import importlib.util
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_gate_decides_on_noise_as_compare_does(tmp_path):
+    import json
+    import random
+    gate_mod = _benchmarks_module("gate")
+    rng = random.Random(0)
+
+    def write(name, scale, noise):
+        rounds = [scale * 1e-3 * (1 + noise * rng.random()) for _ in range(20)]
+        (tmp_path / name).write_text(json.dumps({"benchmarks": [
+            {"fullname": "bench[a]", "stats": {"data": rounds}}]}))
+        return str(tmp_path / name)
+
+    base = write("base.json", 1.0, 0.4)
+    # an unchanged tree on a shared machine: medians a few % apart, the same spread
+    assert gate_mod.main([base, write("same.json", 1.04, 0.4)]) == 0
+    assert gate_mod.main([base, write("slow.json", 1.6, 0.4)]) == 1  # a real regression
+    (tmp_path / "bad.json").write_text("{}")
+    assert gate_mod.main([base, str(tmp_path / "bad.json")]) == 2

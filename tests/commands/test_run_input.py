@@ -363,3 +363,9 @@ def test_bad_files_and_outputs(tiny, tmp_path, capsys):
         ro.mkdir(mode=0o500)
         assert run("--suite", str(tiny), "--out", str(ro / "x")) == 2
         one_line_error(capsys)
+
+
+def test_dry_run_refuses_a_bad_run_id_like_the_real_run(tmp_path, capsys):
+    from attnbench.cli import main
+    assert main(["run", "--dry-run", "--run-id", "../x", "--out", str(tmp_path)]) == 2
+    assert "--run-id '../x'" in capsys.readouterr().err

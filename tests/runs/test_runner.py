@@ -226,3 +226,12 @@ def test_a_lost_cuda_context_gets_a_fresh_worker(fake_backends, tmp_path):
     assert all(r["status"] == "error" and r["context_lost"] for r in lost)
     pids = [r["worker_pid"] for r in recs if r["backend"] == "naive"]
     assert len(set(pids)) == len(pids) == 2  # each group after a lost context: a new worker
+
+
+def test_bf16_left_out_where_aten_runs_without_native_bf16():
+    from attnbench.runs.runner import slow_dtypes
+    fast = {"matmul_tflops": {"float32": 0.25, "bfloat16": 0.5}}  # oneDNN's AVX-512 bf16
+    assert slow_dtypes(fast, 4.0, "avx512") == {}
+    left = slow_dtypes(fast, 4.0, "avx2")  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host
+    assert list(left) == ["bfloat16"] and "pack_vnni2" in left["bfloat16"]
+    assert slow_dtypes(fast, 0.0, "avx2") == {}  # a suite that opts out keeps it
