@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 
 import pytest
 from run_command import TINY, files_under, one_line_error, run
 
 from attnbench.cli import main
+from attnbench.core.masks import INT64_MAX
 from attnbench.runs.record_files import RECORDS
 
 BASE = """
@@ -369,3 +371,82 @@ def test_dry_run_refuses_a_bad_run_id_like_the_real_run(tmp_path, capsys):
     from attnbench.cli import main
     assert main(["run", "--dry-run", "--run-id", "../x", "--out", str(tmp_path)]) == 2
     assert "--run-id '../x'" in capsys.readouterr().err
+
+
+BEYOND_INT64 = "99999999999999999999999"  # beyond int64
+
+
+def _suite(tmp_path, body: str):
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _run(path, tmp_path, *extra):
+    return main(["run", "--suite", str(path), "--out", str(tmp_path / "results"),
+                 "--no-progress", "--device", "cpu", *extra])
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+# ---- bounds ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dry", [True, False])
+def test_window_bound_beyond_int64_is_one_line_exit_2(tmp_path, capsys, dry):
+    path = _suite(tmp_path, f"""
+        name = "w"
+        backends = ["sdpa"]
+        [axes]
+        seq_len = 64
+        mask = "window({BEYOND_INT64},0)"
+    """)
+    assert _run(path, tmp_path, *(["--dry-run"] if dry else [])) == 2
+    err = _one_error_line(capsys)
+    assert str(path) in err and "axes.mask" in err and BEYOND_INT64 in err
+    assert f"at most {INT64_MAX}" in err and "inf" in err
+    assert not (tmp_path / "results").exists()  # nothing recorded
+
+
+@pytest.mark.parametrize("key, value", [("seed", BEYOND_INT64), ("batch", BEYOND_INT64),
+                                        ("block_pairs", f"[[0, {BEYOND_INT64}]]")])
+def test_integers_beyond_int64_are_refused_at_load(tmp_path, capsys, key, value):
+    path = _suite(tmp_path, f"""
+        name = "i"
+        backends = ["sdpa"]
+        [axes]
+        seq_len = 64
+        {key} = {value}
+    """)
+    assert _run(path, tmp_path, "--dry-run") == 2
+    err = _one_error_line(capsys)
+    assert f"axes.{key}" in err and "int64" in err and f"{INT64_MAX}" in err
+
+
+def test_block_longer_than_every_length_is_refused(tmp_path, capsys):
+    path = _suite(tmp_path, """
+        name = "b"
+        backends = ["block_sparse"]
+        [axes]
+        seq_len = [64, 128]
+        mask = "block_sparse(bigbird)"
+        block_size = [64, 256]
+    """)
+    assert _run(path, tmp_path, "--dry-run") == 2
+    err = _one_error_line(capsys)
+    assert "axes.block_size = 256" in err and "at most 128" in err
+    # a block no longer than some length loads; a --seq-len below every block does not
+    ok = _suite(tmp_path, """
+        name = "b"
+        backends = ["block_sparse"]
+        [axes]
+        seq_len = [64, 128]
+        mask = "block_sparse(bigbird)"
+        block_size = 128
+    """)
+    assert _run(ok, tmp_path, "--dry-run") == 0
+    capsys.readouterr()
+    assert _run(ok, tmp_path, "--dry-run", "--seq-len", "32") == 2
+    assert "block_size = 128" in _one_error_line(capsys)

@@ -1,6 +1,7 @@
 """block_sparse: exact for its block mask against the float64 reference, an approximation on
 dense cases, and O(N) memory for bounded-row layouts (measured as allocations, not time)."""
 
+
 import pytest
 import torch
 from allocation_spy import fresh_process_peaks, largest_allocation
@@ -17,6 +18,8 @@ from attnbench.implementations.block_sparse import (
     case_layout,
 )
 from attnbench.implementations.naive import Naive
+from attnbench.measure.case_cache import CaseCache
+from attnbench.measure.execute import open_job
 
 BACKEND = BlockSparse()
 TIGHT = {"float32": (1e-5, 1e-4), "bfloat16": (TOLERANCE_OUT["bfloat16"],
@@ -187,3 +190,19 @@ def test_peak_memory_grows_linearly(mode):
     # About 5% of the tiles at N = 8192: far below one dense (H, N, N) fp32 score matrix even
     # with the probabilities and gathered K/V that autograd keeps for the backward.
     assert peaks[8192] < 4 * 8192 * 8192 * 4 / 4, peaks
+
+
+# ---- a block layout that covers every tile ---------------------------------------------
+def test_layout_covering_every_tile_is_exact(monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_NATIVE", "0")
+    dense = Case(batch=1, heads_q=2, heads_kv=2, seq_q=256, seq_k=256, head_dim=32,
+                 head_dim_v=32)  # bigbird over 4 blocks of 64: every tile
+    got = open_job(dense, "block_sparse", CaseCache())
+    record = getattr(got, "record", got)
+    assert record.status == "ok", record.reason
+    assert record.info["layout_density"] == 1.0 and record.info["semantics"] == "exact"
+    sparse = dense.replace(seq_q=1024, seq_k=1024)
+    got = open_job(sparse, "block_sparse", CaseCache())
+    record = getattr(got, "record", got)
+    assert 0 < record.info["layout_density"] < 1.0
+    assert record.info["semantics"] == "approximate"

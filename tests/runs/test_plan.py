@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
+from attnbench.core import block_layouts, masks
 from attnbench.runs.overrides import select
 
 
@@ -76,3 +79,59 @@ def test_dry_run_of_sequential_claims_says_the_longest_the_run_may_take(tmp_path
     _earlier_run(tmp_path / "q", quick, quick_jobs, seconds=60)
     plain = make_plan(quick, quick_jobs, device, history=tmp_path / "q")
     assert plain.most_s == plain.estimate_s and "up to" not in plain.summary()
+
+
+def _suite(tmp_path, body: str):
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+# ---- the plan: work per case or per geometry, not per pair -----------------------------
+PLAN_SUITE = """
+    name = "plan10k"
+    backends = ["sdpa", "naive", "additive", "block_sparse", "sliding_window"]
+    [axes]
+    seq_len = [256, 512, 1024, 2048]
+    mask = ["none", "causal", "window(64,0)", "block_sparse(longformer)"]
+    head_dim = [32, 64]
+    mode = ["fwd", "fwd_bwd"]
+    dtype = ["float32", "float64"]
+    batch = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+"""
+
+
+def _counting(monkeypatch, module, name, counts):
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        counts[name] = counts.get(name, 0) + 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+
+
+def test_plan_of_10000_pairs_asks_once_per_pair_and_per_geometry(tmp_path, monkeypatch):
+    from attnbench.core.backend import Backend
+    from attnbench.implementations import additive
+    from attnbench.runs import plan as plan_mod
+    from attnbench.runs.suite import load_suite
+
+    monkeypatch.setattr(plan_mod, "_matmul_rate", lambda device: 1e11)  # no measuring
+    block_layouts._cached_layout.cache_clear()
+    block_layouts._cached_pairs.cache_clear()
+    masks.band_pairs.cache_clear()
+    counts: dict[str, int] = {}
+    _counting(monkeypatch, Backend, "not_supported_reasons", counts)
+    _counting(monkeypatch, block_layouts, "longformer_mod", counts)
+    _counting(monkeypatch, masks, "band_row_counts", counts)
+    _counting(monkeypatch, additive, "key_range", counts)
+    suite = load_suite(str(_suite(tmp_path, PLAN_SUITE)))
+    jobs = plan_mod.expand(suite, "cpu", force=False)
+    assert len(jobs) == 10240
+    plan = plan_mod.make_plan(suite, jobs, "cpu", history=tmp_path / "none", measure=True)
+    assert plan.pairs == 10240 and plan.estimate_s > 0
+    assert counts["not_supported_reasons"] == len(jobs)  # once per pair, whatever the passes
+    assert counts["longformer_mod"] <= 4  # one layout per length
+    assert counts.get("band_row_counts", 0) <= 8  # one count per (length, band)
+    assert counts.get("key_range", 0) == 0  # additive's chunks are not listed to plan

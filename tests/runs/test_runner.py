@@ -6,9 +6,11 @@ import pytest
 from run_command import TINY
 
 from attnbench import load_results
+from attnbench.core.registry import all_backends
 from attnbench.runs.record_files import RECORDS, STATUSES, read_records
 from attnbench.runs.runner import RunOptions, run_suite
 from attnbench.runs.suite import load_suite
+from attnbench.stats import intervals
 
 SUITE = """
 name = "statuses"
@@ -235,3 +237,85 @@ def test_bf16_left_out_where_aten_runs_without_native_bf16():
     left = slow_dtypes(fast, 4.0, "avx2")  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host
     assert list(left) == ["bfloat16"] and "pack_vnni2" in left["bfloat16"]
     assert slow_dtypes(fast, 0.0, "avx2") == {}  # a suite that opts out keeps it
+
+
+def test_groups_are_timed_in_fresh_processes_and_pooled(fake_clock, write_suite, tmp_path):
+    """processes = 2: each group is timed in a second, fresh worker too; the records pool
+    both processes' samples (still round-aligned) and say so."""
+    from attnbench.runs.record_files import read_records
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
+
+    path = write_suite('name = "p"\nbackends = ["fake_drift_slow", "fake_drift_fast"]\n'
+                       "[timing]\nwarmup_s = 0.0\nrewarm_s = 0.0\nbudget_s = 0.02\nmin_reps = 6\n"
+                       "max_reps = 6\nprocesses = 2\ntimeout_s = 60\n"
+                       "[axes]\nheads_q = 1\nhead_dim = 4\nseq_len = 8\n")
+    suite = load_suite(str(path), sorted(all_backends()))
+    run = run_suite(suite, "cpu", RunOptions(out=tmp_path, run_id="r", progress=False,
+                                             measure_ceilings=False))
+    slow, fast = read_records(run)
+    assert slow["status"] == fast["status"] == "ok", (slow["reason"], fast["reason"])
+    assert slow["processes"] == fast["processes"] == 2
+    assert slow["n_samples"] == fast["n_samples"] == 6  # 3 rounds in each process
+    assert slow["pair_group"] == fast["pair_group"]
+    ratio = intervals.paired_ratio_interval(slow["samples_ms"], fast["samples_ms"])
+    assert ratio.contains(2.0), ratio
+
+
+SEQUENTIAL_SUITE = """name = "seq"
+backends = ["fake_drift_slow", "fake_drift_fast"]
+[timing]
+warmup_s = 0.0
+rewarm_s = 0.0  # one untimed call per timed one: the fakes' wobble counts on it
+budget_s = 0.02
+min_reps = 6
+max_reps = 6
+processes = {processes}
+timeout_s = 60
+[axes]
+heads_q = 1
+head_dim = 4
+seq_len = 8
+[[claim]]
+text = "the fast one is at least {bound}x faster"
+kind = "ratio"
+numerator = "fake_drift_slow"
+denominator = "fake_drift_fast"
+expected = [{bound}]
+rounds = [8, 16, 24, 32]
+"""
+
+
+@pytest.mark.parametrize("bound,processes,rounds,stop,used,verdict,isolate", [
+    # true ratio 2 (per-round 1.9 / 2.1): far from 1.5, the first look decides
+    (1.5, 1, 8, "decided", 1, "holds", True),
+    (1.5, 3, 8, "decided", 1, "holds", True),  # decided in the first process: no other runs
+    # on the bound: every look straddles 2, rounds go on to the budget (past max_reps)
+    (2.0, 1, 32, "claim_budget", 1, "inconclusive", True),
+    (2.0, 3, 32, "claim_budget", 3, "inconclusive", True),  # looks over 3 processes
+    (1.5, 3, 8, "decided", 1, "holds", False),  # the same without isolation
+    (2.0, 3, 32, "claim_budget", 3, "inconclusive", False),
+])
+def test_a_sequential_claim_stops_when_decided_or_at_its_budget(
+        fake_clock, write_suite, tmp_path, bound, processes, rounds, stop, used, verdict,
+        isolate):
+    import pandas as pd
+
+    from attnbench.analysis.claims import claims_table
+    from attnbench.runs.record_files import read_records
+    from attnbench.runs.runner import RunOptions, run_suite
+    from attnbench.runs.suite import load_suite
+
+    path = write_suite(SEQUENTIAL_SUITE.format(bound=bound, processes=processes))
+    suite = load_suite(str(path), sorted(all_backends()))
+    run = run_suite(suite, "cpu", RunOptions(out=tmp_path, run_id="r", progress=False,
+                                             measure_ceilings=False, isolate=isolate))
+    slow, fast = read_records(run)
+    assert slow["status"] == fast["status"] == "ok", (slow["reason"], fast["reason"])
+    for rec in (slow, fast):
+        assert (rec["claim_rounds"], rec["claim_stop"]) == (rounds, stop)
+        assert rec["n_samples"] == rounds and rec.get("processes", 1) == used
+    table = claims_table(pd.DataFrame([slow, fast]), suite.claims)
+    assert table["verdict"][0] == verdict
+    assert f"98.75% intervals (4 looks), {rounds} rounds ({stop})" in \
+        table["measured (95% interval)"][0]
