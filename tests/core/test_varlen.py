@@ -1,5 +1,6 @@
 """Packed variable-length batches: the lengths axis, the per-document float64 reference and
-every varlen backend against it (flex through eager flex_attention, as tests/test_flex.py)."""
+every varlen backend against it (flex through eager flex_attention, as
+tests/implementations/test_flex.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """triton_flash: forward and backward against the float64 reference, through the Triton
 interpreter on CPU (``TRITON_INTERPRET=1``, set below) or compiled on CUDA when the variable
-is explicitly ``0`` (``TRITON_INTERPRET=0 pytest tests/test_triton_flash.py`` on a GPU).
+is explicitly ``0`` (``TRITON_INTERPRET=0 pytest tests/implementations/test_triton_flash.py``
+on a GPU).
 
 Triton picks interpreter or compiler when a kernel is *defined* (``@triton.jit`` runs), not
 when ``triton`` is imported, so setting the variable here, at collection, is early enough:

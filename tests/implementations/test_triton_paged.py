@@ -1,6 +1,7 @@
 """triton_flash's paged decode kernel against the contiguous result, through the Triton
 interpreter on CPU (``TRITON_INTERPRET=1``, set below at collection as in
-tests/test_triton_flash.py) or compiled on CUDA when the variable is explicitly ``0``."""
+tests/implementations/test_triton_flash.py) or compiled on CUDA when the variable is
+explicitly ``0``."""
 
 from __future__ import annotations
 

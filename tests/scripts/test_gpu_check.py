@@ -1,7 +1,7 @@
 """The GPU check's fault handling, as far as a CPU can prove it: step 1's scheduler with a
 worker that segfaults and one whose CUDA context is poisoned, CUDA faults told from
 candidates that do not fit, the flex warm-up list, the summary of an empty run.
-(The end-to-end rehearsal with injected faults is in tests/test_triton_flash.py.)"""
+(The end-to-end rehearsal with injected faults is in tests/implementations/test_triton_flash.py.)"""
 
 import os
 import subprocess
