@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 # Triton picks interpreter or compiler when a kernel is defined, and under xdist each worker
-# collects every test file, so a file collected before tests/test_triton_flash.py (which
-# asks for the interpreter) could define the kernels compiled. Set it before any collection;
+# collects every test file, so a file collected before
+# tests/implementations/test_triton_flash.py (which asks for the interpreter) could define
+# the kernels compiled. Set it before any collection;
 # TRITON_INTERPRET=0 still selects the compiled kernels on a GPU.
 if os.environ.get("TRITON_INTERPRET", "").strip() != "0":
     os.environ["TRITON_INTERPRET"] = "1"
@@ -37,6 +38,16 @@ def write_suite(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """run_command.TINY written as a suite file: four pairs that run in a second."""
+    from run_command import TINY
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
 
 
 @pytest.fixture

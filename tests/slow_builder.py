@@ -1,4 +1,5 @@
-"""A fake slow extension build, run as a process that tests/test_native_build.py kills.
+"""A fake slow extension build, run as a process that
+tests/implementations/test_native_build.py kills.
 
 ``python slow_builder.py EXT_DIR WORK PAUSE_AT``: loads the extension of WORK/fake.cpp
 through ``_native_build.load`` with a builder that behaves as torch's does: it takes torch's
