@@ -90,7 +90,7 @@ def mask_mod_for(case, device):
         return band
     if spec.kind == "block_sparse":
         layout = case.block_layout.to(device=device, dtype=torch.bool)  # (n_qb, n_kb)
-        bs = case.block_size
+        bs = case.param("block_size")
 
         def block_sparse(b, h, q_idx, kv_idx):
             return layout[q_idx // bs, kv_idx // bs]
