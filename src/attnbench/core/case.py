@@ -184,8 +184,8 @@ class Case:
         given per backend (then every knob was in every backend's key): the key with its
         backend-parameter knobs dropped. What records of different backends join on."""
         keep = cls.problem_knobs(mask)
-        first, *knobs = _knob_split(cls).split(str(key))
-        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep)])
+        first, *rest = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in rest if k.split("=", 1)[0] in keep)])
 
     @classmethod
     def identity_of(cls, key: str, mask: str, reads) -> str:
@@ -193,8 +193,8 @@ class Case:
         knobs ``reads(name)`` says that backend reads (a key written when every knob was
         in every backend's key loses the others)."""
         keep = cls.problem_knobs(mask)
-        first, *knobs = _knob_split(cls).split(str(key))
-        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep
+        first, *rest = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in rest if k.split("=", 1)[0] in keep
                                   or reads(k.split("=", 1)[0]))])
 
     @classmethod
