@@ -144,9 +144,8 @@ class Backend:
     def reads_knob(self, knob: str, mask: str) -> bool:
         """Whether the case knob ``knob`` changes what this backend computes on a case with
         ``mask``: its declared parameters, the block knobs on a block-sparse mask, the scale."""
-        block = knob.startswith("block_") and knob != "block_layout_name"
         return knob in self.params or knob == "scale" or (
-            block and str(mask).startswith("block_sparse"))
+            knob in Case.BLOCK_GEOMETRY and str(mask).startswith("block_sparse"))
 
     def extra_reasons(self, case: Case) -> list[str]:
         """Backend-specific limits that capabilities data cannot express."""

@@ -158,8 +158,7 @@ class Case:
     # (``Backend.params``), part of a record's identity only on the backend that reads them.
     PROBLEM_KNOBS = ("scale", "inputs", "lengths", "page_size", "pages")
     # A block_sparse(...) mask's geometry: the problem's on those masks, a parameter elsewhere.
-    BLOCK_GEOMETRY = ("block_size", "block_band", "block_global", "block_random",
-                      "block_pairs", "block_stride")
+    BLOCK_GEOMETRY = tuple(knobs.BLOCK)
 
     @classmethod
     def knob_fields(cls) -> tuple[str, ...]:
