@@ -27,8 +27,8 @@ PANEL = 16  # features per packed projection panel (the tiles' width)
 def shape_fits(case) -> bool:
     """The forms and shapes the kernels compute (the dtype, device and mode aside)."""
     kind = case.mask_spec.kind
-    feats_fit = case.feature_map == "elu" or (case.feature_map == "favor"
-                                              and case.num_features % PANEL == 0)
+    feats_fit = case.param("feature_map") == "elu" or (case.param("feature_map") == "favor"
+                                              and case.param("num_features") % PANEL == 0)
     return (feats_fit and case.head_dim_v % PANEL == 0
             and (kind == "none" or (kind == "causal" and case.seq_q == case.seq_k)))
 

@@ -12,7 +12,7 @@ The softmax scale of the case does not enter (additive scores carry no scale).
 The projections ``W_q q`` and ``W_k k`` are done once. The cost is the
 (B, H, Nq, Nk, d_a) tensor ``tanh(qp_i + kp_j)``, so the forward and the backward walk
 over query chunks whose (B, H, rows, keys, d_a) slice stays within
-``case.memory_budget_mb`` (:func:`chunk_plan`). A custom autograd function recomputes
+``case.param("memory_budget_mb")`` (:func:`chunk_plan`). A custom autograd function recomputes
 the chunk in the backward and turns it in place into its gradient, so the backward
 holds one such slice too. Causal and window masks (bottom-right aligned) also narrow
 each chunk to the key range its rows can see. Rows that see no key produce zeros.
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.core import knobs
 from attnbench.core.backend import DIFFERENT, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.dtypes import element_size
 from attnbench.core.masks import INF, Geometry, allowed_rows, band_row_counts
-from attnbench.core.params import Param
 from attnbench.core.reference import chunk_rows, chunked_reference, masked_softmax
 
 # Bytes per (row, key) pair besides the d_a-wide slice: scores, probabilities and
@@ -52,13 +52,18 @@ class AdditiveParams:
     w: torch.Tensor  # (d_a,)
 
 
+def hidden(case) -> int:
+    """d_a, the width of the tanh terms: ``additive_dim``, or head_dim when it is 0."""
+    return case.param("additive_dim") or case.head_dim
+
+
 def additive_parameters(case, device=None, dtype=torch.float64) -> AdditiveParams:
     """W_q, W_k (D, d_a) and w (d_a,), Xavier-normal, deterministic in ``case.seed``.
 
     Drawn in float64 on the CPU and then converted, so every device and dtype gets the
     same values (up to rounding) and the float64 reference uses exactly the drawn ones.
     """
-    D, da = case.head_dim, case.additive_hidden
+    D, da = case.head_dim, hidden(case)
     gen = torch.Generator().manual_seed(case.seed * 1_000_003 + _SEED_SALT)
     std_w = math.sqrt(2.0 / (D + da))
     std_v = math.sqrt(2.0 / (da + 1))
@@ -95,7 +100,7 @@ def _rows_within(pairs: int, seq_k: int, width: int | None) -> int:
 
 
 def chunk_plan(case, cache_cap: bool = True) -> ChunkPlan:
-    """Query chunks whose working set fits ``case.memory_budget_mb`` (``_chunk_plan``)."""
+    """Query chunks whose working set fits ``case.param("memory_budget_mb")`` (``_chunk_plan``)."""
     return _chunk_plan(*_geometry(case), cache_cap)
 
 
@@ -112,7 +117,7 @@ def one_row_bytes(case) -> int:
 
 
 def _geometry(case) -> tuple:
-    return (case.memory_budget_mb, case.dtype, case.batch * case.heads_q, case.additive_hidden,
+    return (case.param("memory_budget_mb"), case.dtype, case.batch * case.heads_q, hidden(case),
             case.seq_q, case.seq_k, case.mask_spec)
 
 
@@ -225,7 +230,7 @@ def _chunk_probs(uq, uk, w2, w_sum, case, r0, r1, c0, c1, buf):
     spec = case.mask_spec
     if spec.kind != "none":
         allowed = allowed_rows(spec, r0, r1, case.seq_q, case.seq_k, uq.device, case.block_layout,
-                               case.block_size)[:, c0:c1]  # (R, C)
+                               case.param("block_size"))[:, c0:c1]  # (R, C)
         e.masked_fill_(~allowed, -math.inf)
     m = e.amax(dim=-1, keepdim=True)  # (B, Hkv, G, R, 1)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -248,7 +253,7 @@ def additive_rows(case, params: AdditiveParams):
         t = torch.tanh(qp.unsqueeze(-2) + kp[:, :, None, None])  # (B, Hkv, G, R, Nk, da)
         e = torch.matmul(t, params.w)  # (B, Hkv, G, R, Nk)
         allowed = allowed_rows(spec, r0, r1, case.seq_q, case.seq_k, qc.device,
-                               case.block_layout, case.block_size)
+                               case.block_layout, case.param("block_size"))
         p = masked_softmax(e, allowed)  # (B, Hkv, G, R, Nk)
         o = torch.matmul(p, v.unsqueeze(2))  # (B, Hkv, G, R, Dv)
         return o.reshape(B, Hq, R, v.shape[-1])
@@ -261,23 +266,22 @@ class Additive(Backend):
     description = ("Bahdanau additive attention w^T tanh(W_q q + W_k k), seeded parameters, "
                    "query-chunked under memory_budget_mb")
     caps = Capabilities(masks=("none", "causal", "window", "block_sparse"))
-    params = {"additive_dim": Param(int, 0, minimum=0, doc="d_a; 0 means head_dim"),
-              "memory_budget_mb": Param(int, 256, minimum=1, doc="tanh terms' budget, MiB")}
+    params = knobs.ADDITIVE
     semantics = DIFFERENT
 
     def extra_reasons(self, case):
         if self.param_reasons(case):  # refused by its declared parameters already
             return []
         need = one_row_bytes(case)
-        if need > case.memory_budget_mb * 2**20:
+        if need > case.param("memory_budget_mb") * 2**20:
             return [f"one query row needs {need / 2**20:.1f} MiB of tanh terms, more than "
-                    f"memory_budget_mb={case.memory_budget_mb}"]
+                    f"memory_budget_mb={case.param('memory_budget_mb')}"]
         return []
 
     def work_flops(self, case):
         """Per visible pair: d_a adds (qp_i + kp_j), d_a tanh, d_a multiply-adds with w
         (counted 4 d_a), plus 2 Dv for P V; the projections 2 (Nq + Nk) D d_a once."""
-        da = case.additive_hidden
+        da = hidden(case)
         pairs = case.visible_pairs
         fwd = pairs * (4.0 * da + 2.0 * case.head_dim_v) + \
             2.0 * (case.seq_q + case.seq_k) * case.head_dim * da
@@ -311,7 +315,7 @@ class Additive(Backend):
 
     def impl_reference(self, case, inputs):
         params = additive_parameters(case, inputs.q.device)  # float64, the draw build uses
-        rows = chunk_rows(case.batch, case.heads_q, case.seq_k, width=case.additive_hidden + 2)
+        rows = chunk_rows(case.batch, case.heads_q, case.seq_k, width=hidden(case) + 2)
         grad_out = inputs.grad_out if case.needs_grad else None
         return chunked_reference(additive_rows(case, params), inputs.q, inputs.k, inputs.v,
                                  grad_out, rows_per_chunk=rows)

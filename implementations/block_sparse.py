@@ -41,10 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from attnbench.core import block_layouts
+from attnbench.core import block_layouts, knobs
 from attnbench.core.backend import APPROXIMATE, EXACT, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
-from attnbench.core.params import Param
 from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations import _native
 from attnbench.implementations import _segment_attention as segments
@@ -68,7 +67,7 @@ def case_layout(case) -> torch.Tensor:
     """The (n_q_blocks, n_k_blocks) layout this backend applies to ``case``."""
     if case.mask_spec.kind == "block_sparse":
         return case.block_layout
-    return case.layout_named(case.block_layout_name)
+    return case.layout_named(case.param("block_layout_name"))
 
 
 @dataclass
@@ -397,14 +396,7 @@ class BlockSparse(Backend):
     code_files = _native.sources(segments.KERNEL)
     native_kernels = (segments.KERNEL,)  # a run builds these before its first pair
     caps = Capabilities(masks=("none", "block_sparse"))
-    params = {"block_size": Param(int, 64, minimum=1, doc="tokens per tile side"),
-              "block_band": Param(int, 1, minimum=0, doc="layout band, in blocks"),
-              "block_global": Param(int, 1, minimum=0, doc="global blocks"),
-              "block_random": Param(int, 2, minimum=0, doc="random blocks per row"),
-              "block_pairs": Param(tuple, (), doc="explicit layout's (q, k) blocks"),
-              "block_stride": Param(int, 0, minimum=0, doc="strided layout; 0: sqrt"),
-              "block_layout_name": Param(str, "bigbird", choices=block_layouts.LAYOUTS,
-                                         doc="layout on a dense (mask none) case")}
+    params = knobs.BLOCK_SPARSE
     semantics = APPROXIMATE  # exact on block_sparse cases: impl_reference == case reference
     # Its softmax and gradient numerics are sliding_window's helpers.
     code_modules = ("attnbench.implementations.sliding_window",
@@ -413,17 +405,18 @@ class BlockSparse(Backend):
     def layout_density(self, case) -> float:
         """Share of the case's pairs its layout holds; 1.0 when it covers every tile, and
         then this is dense attention, exact whatever the case's mask."""
-        name = case.mask_spec.layout or case.block_layout_name
+        name = case.mask_spec.layout or case.param("block_layout_name")
         if name not in block_layouts.LAYOUTS:  # refused by extra_reasons
             return 0.0
-        return block_layouts.layout_pairs(name, case.seq_q, case.seq_k, case.block_size,
+        return block_layouts.layout_pairs(name, case.seq_q, case.seq_k, case.param("block_size"),
                                           **case.layout_knobs) / (case.seq_q * case.seq_k)
 
     def approximation(self, case):
         if case.mask_spec.kind == "block_sparse" or self.layout_density(case) == 1.0:
             return ""  # the case's own block mask, or every tile: exact
-        return (f"keeps only the {case.block_layout_name!r} layout's {case.block_size}-wide "
-                f"blocks; choose with block_layout_name=")
+        name, size = case.param("block_layout_name"), case.param("block_size")
+        return (f"keeps only the {name!r} layout's {size}-wide blocks; choose with "
+                f"block_layout_name=")
 
     def work_flops(self, case):
         """The tiles it computes (bucket padding included; the fused kernel pads nothing),
@@ -432,14 +425,14 @@ class BlockSparse(Backend):
         if fused is not None:
             pairs = fused.computed_pairs()
         else:
-            plan = block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
+            plan = block_plan(case_layout(case), case.seq_q, case.seq_k, case.param("block_size"),
                               torch.float32, "cpu")
-            pairs = plan.computed_blocks() * case.block_size**2
+            pairs = plan.computed_blocks() * case.param("block_size")**2
         fwd = 2.0 * case.batch * case.heads_q * pairs * (case.head_dim + case.head_dim_v)
         return fwd * MODE_FLOP_FACTOR[case.mode]
 
     def plan(self, case, dtype=None, device="cpu") -> BlockPlan:
-        return block_plan(case_layout(case), case.seq_q, case.seq_k, case.block_size,
+        return block_plan(case_layout(case), case.seq_q, case.seq_k, case.param("block_size"),
                           softmax_dtype(dtype or case.torch_dtype), device)
 
     def fused_plan(self, case, device, dtype) -> segments.SegmentPlan | None:
@@ -448,7 +441,7 @@ class BlockSparse(Backend):
                                       case.head_dim_v):
             return None
         return segments.layout_segments(case_layout(case), case.seq_q, case.seq_k,
-                                        case.block_size)
+                                        case.param("block_size"))
 
     def build(self, case, inputs):
         plan = self.plan(case, inputs.q.dtype, inputs.q.device)
@@ -475,7 +468,7 @@ class BlockSparse(Backend):
     def impl_reference(self, case, inputs):
         """Float64 softmax attention under the block mask this backend applies."""
         return block_mask_reference(inputs.q, inputs.k, inputs.v, case_layout(case),
-                                    case.block_size, case.softmax_scale,
+                                    case.param("block_size"), case.softmax_scale,
                                     inputs.grad_out if case.needs_grad else None)
 
 

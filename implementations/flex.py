@@ -71,7 +71,7 @@ def mask_mod_for(case, device):
     layout = case.block_layout  # (n_qb, n_kb) or None
     # On the device once: the traced mask_mod then indexes a captured tensor, no copy.
     layout = None if layout is None else layout.to(device=device, dtype=torch.bool)
-    geom = Geometry(case.seq_q, case.seq_k, case.block_size, layout)
+    geom = Geometry(case.seq_q, case.seq_k, case.param("block_size"), layout)
     visible = spec.declaration.visible
 
     def mask_mod(b, h, q_idx, kv_idx):

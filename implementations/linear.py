@@ -3,14 +3,14 @@
 Approximates softmax attention (semantics APPROXIMATE): ``err_impl`` is measured against
 the float64 evaluation of this same formula with the same feature map and the same
 random features (:meth:`Linear.impl_reference`), and ``err_vs_softmax`` is the
-approximation error. Feature maps (``case.feature_map``):
+approximation error. Feature maps (``case.param("feature_map")``):
 
 * ``elu``   -- ``phi(x) = elu(x) + 1`` on the raw q and k (Katharopoulos et al. 2020,
   "Transformers are RNNs"); the softmax scale does not enter.
 * ``favor`` -- positive orthogonal random features of FAVOR+ (Choromanski et al. 2021,
   "Rethinking Attention with Performers"): ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m)``
   with ``x' = x * sqrt(scale)``, so that ``E[phi(q) . phi(k)] = exp(scale * q . k)``; the
-  m = ``case.num_features`` rows of W are blocks of orthogonal Gaussian directions with
+  m = ``case.param("num_features")`` rows of W are blocks of orthogonal Gaussian directions with
   chi-distributed norms, drawn from ``case.seed`` (:func:`favor_projection`).
 
 Non-causal: ``S = phi(K)^T [V, 1]`` once, then ``phi(Q) S``: O(N * F * Dv). The ones
@@ -32,17 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from attnbench.core import knobs
 from attnbench.core.backend import APPROXIMATE, Backend, Capabilities, wrap_mode
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import allowed_rows
-from attnbench.core.params import Param
 from attnbench.core.reference import RefResult, chunked_reference
 from attnbench.implementations import _linear_fused, _native
 from attnbench.implementations._cpu_threads import split_work
 from attnbench.implementations._linear_features import elu1, elu1_into, phi_head
 from attnbench.implementations._linear_grad import causal_backward, global_backward
 
-FEATURE_MAPS = ("elu", "favor")
+FEATURE_MAPS = knobs.FEATURE_MAPS
 CHUNK = 64  # keys per chunk of the causal prefix sum
 BLOCK = 2048  # causal: query rows per block, bounds the temporaries
 # Non-causal without autograd: elements of phi per streamed block. Larger than L2: each
@@ -60,7 +60,7 @@ def favor_projection(case, device=None, dtype=torch.float64) -> torch.Tensor:
     each row is then scaled by the norm of an independent D-dimensional Gaussian vector, so
     every row is marginally N(0, I_D) while rows within a block stay orthogonal.
     """
-    m, D = case.num_features, case.head_dim
+    m, D = case.param("num_features"), case.head_dim
     gen = torch.Generator().manual_seed(case.seed * 1_000_003 + _SEED_SALT)
     blocks = []
     for _ in range(math.ceil(m / D)):
@@ -88,7 +88,7 @@ def feature_fn(case, proj: torch.Tensor | None, dtype: torch.dtype | None = None
     ``exp(-max) / sqrt(m)`` with the maximum over all keys. The function computed is
     unchanged, exp cannot overflow, and the query side needs no norm term at all.
     """
-    if case.feature_map == "elu":
+    if case.param("feature_map") == "elu":
         return elu1, elu1
     scale = case.softmax_scale
     proj_s = scaled_projection(proj, scale, dtype or proj.dtype)  # (m, D): x' folded into W
@@ -431,8 +431,7 @@ class Linear(Backend):
     code_files = _native.sources(_linear_fused.KERNEL)
     native_kernels = (_linear_fused.KERNEL,)  # a run builds these before its first pair
     caps = Capabilities(masks=("none", "causal"))
-    params = {"feature_map": Param(str, "elu", choices=FEATURE_MAPS, doc="phi: elu+1 or FAVOR+"),
-              "num_features": Param(int, 256, minimum=1, doc="FAVOR+ random features m")}
+    params = knobs.LINEAR
     semantics = APPROXIMATE
 
     def extra_reasons(self, case):
@@ -443,7 +442,7 @@ class Linear(Backend):
         return out
 
     def approximation(self, case):
-        return f"kernel feature map {case.feature_map!r} instead of exp(q.k)"
+        return f"kernel feature map {case.param('feature_map')!r} instead of exp(q.k)"
 
     def work_flops(self, case):
         """Matmul FLOPs of the formula as computed: features F = D (elu) or m (favor; plus
@@ -452,16 +451,17 @@ class Linear(Backend):
         chunk (2 Nq C (F + Dv + 1)). Backward modes scale as the other backends do."""
         B, H, Nq, Nk = case.batch, case.heads_q, case.seq_q, case.seq_k
         D, Dv = case.head_dim, case.head_dim_v
-        feats = case.num_features if case.feature_map == "favor" else D
+        feats = case.param("num_features") if case.param("feature_map") == "favor" else D
         fwd = 2.0 * (Nk + Nq) * feats * (Dv + 1)
-        if case.feature_map == "favor":
+        if case.param("feature_map") == "favor":
             fwd += 2.0 * (Nq + Nk) * D * feats
         if case.mask_spec.kind == "causal":
             fwd += 2.0 * Nq * min(CHUNK, Nk) * (feats + Dv + 1)
         return B * H * fwd * MODE_FLOP_FACTOR[case.mode]
 
     def _projection(self, case, device, dtype):
-        return favor_projection(case, device, dtype) if case.feature_map == "favor" else None
+        favor = case.param("feature_map") == "favor"
+        return favor_projection(case, device, dtype) if favor else None
 
     def build(self, case, inputs):
         # float64: the scaled projection is rounded once, to the compute dtype
@@ -491,8 +491,8 @@ class Linear(Backend):
     def prepare(self, case, inputs):
         prepared = wrap_mode(self.build(case, inputs), case, inputs)
         how = f"chunked-prefix(C={CHUNK})" if case.mask_spec.kind == "causal" else "global-state"
-        feats = (f"favor(m={case.num_features})" if case.feature_map == "favor"
-                 else case.feature_map)
+        feats = (f"favor(m={case.param('num_features')})" if case.param('feature_map') == "favor"
+                 else case.param("feature_map"))
         fused = _linear_fused.fused_applies(case, inputs.q.device, inputs.q.dtype,
                                             case.needs_grad)
         label = f"{feats},fused-{how}"

@@ -1,7 +1,7 @@
 """linformer: softmax attention over K and V projected along the sequence (Wang et al. 2020).
 
 ``out = softmax(scale * Q (E K)^T) (F V)`` with E, F of shape (k, seq_k): the seq_k keys
-and values are mixed into k = ``case.linformer_k`` rows (256 by default, the paper's usual
+and values are mixed into k = ``case.param("linformer_k")`` rows (256 by default, the paper's usual
 choice), so scores are (Nq, k) and time and memory are O(N k) instead of O(N^2). One E and
 one F serve every head and batch element (the paper's headwise sharing).
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from attnbench.core import knobs
 from attnbench.core.backend import APPROXIMATE, Backend, Capabilities
 from attnbench.core.case import MODE_FLOP_FACTOR
 from attnbench.core.masks import MaskSpec
-from attnbench.core.params import Param
 from attnbench.core.reference import RefResult, softmax_reference
 
 _SEED_SALT = 0x11F0A  # projections come from another stream than the inputs
@@ -31,7 +31,7 @@ _SEED_SALT = 0x11F0A  # projections come from another stream than the inputs
 def projections(case, device=None, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """(E, F), each (k, seq_k), deterministic in ``case.seed``; N(0, 1/seq_k) entries."""
     gen = torch.Generator().manual_seed(case.seed * 1_000_003 + _SEED_SALT)
-    shape = (case.linformer_k, case.seq_k)
+    shape = (case.param("linformer_k"), case.seq_k)
     std = case.seq_k ** -0.5
     e = torch.randn(*shape, generator=gen, dtype=torch.float64) * std
     f = torch.randn(*shape, generator=gen, dtype=torch.float64) * std
@@ -50,7 +50,7 @@ def block_rows(case, device: torch.device, itemsize: int) -> int | None:
     budget = SCORE_BLOCK_BYTES.get(torch.device(device).type)
     if budget is None:
         return None
-    return max(1, budget // (case.batch * case.heads_kv * case.linformer_k * itemsize))
+    return max(1, budget // (case.batch * case.heads_kv * case.param("linformer_k") * itemsize))
 
 
 def linformer_attention(q, k, v, e, f, scale: float, rows: int | None = None) -> torch.Tensor:
@@ -91,16 +91,16 @@ class Linformer(Backend):
     description = ("softmax attention over K, V projected along the sequence to k rows "
                    "(linformer_k, default 256) by seeded projections; O(N k)")
     caps = Capabilities(masks=("none",))
-    params = {"linformer_k": Param(int, 256, minimum=1, doc="rows K and V are projected to")}
+    params = knobs.LINFORMER
     semantics = APPROXIMATE
 
     def approximation(self, case):
         return (f"keys and values projected along the sequence to linformer_k = "
-                f"{case.linformer_k} rows by seeded, untrained projections")
+                f"{case.param('linformer_k')} rows by seeded, untrained projections")
 
     def work_flops(self, case):
         """The two projections (per K/V head) and attention over kp rows (per query head)."""
-        kp, width = case.linformer_k, case.head_dim + case.head_dim_v
+        kp, width = case.param("linformer_k"), case.head_dim + case.head_dim_v
         project = 2.0 * case.batch * case.heads_kv * kp * case.seq_k * width
         attend = 2.0 * case.batch * case.heads_q * case.seq_q * kp * width
         return (project + attend) * MODE_FLOP_FACTOR[case.mode]

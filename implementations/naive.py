@@ -27,7 +27,8 @@ class Naive(Backend):
             allowed = document_allowed(case, inputs.q.device)
         else:
             allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k,
-                                   inputs.q.device, case.block_layout, case.block_size)  # (Nq, Nk)
+                                   inputs.q.device, case.block_layout,
+                                   case.param("block_size"))  # (Nq, Nk)
         blocked = None if allowed is None else ~allowed
         empty_rows = None
         if allowed is not None and not bool(allowed.any(dim=-1).all()):

@@ -62,7 +62,7 @@ def sdpa_arguments(case, device) -> dict:
         kwargs["attn_mask"] = causal_lower_right(case.seq_q, case.seq_k)
     elif spec.kind != "none":
         kwargs["attn_mask"] = allowed_rows(spec, 0, case.seq_q, case.seq_q, case.seq_k, device,
-                                           case.block_layout, case.block_size)  # (Nq, Nk)
+                                           case.block_layout, case.param("block_size"))  # (Nq, Nk)
     return kwargs
 
 

@@ -92,7 +92,7 @@ def sparsemax_rows(case):
         qg = qc.reshape(B, Hkv, Hq // Hkv, R, D)  # (B, Hkv, G, R, D)
         s = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # (B, Hkv, G, R, Nk)
         allowed = allowed_rows(spec, r0, r1, case.seq_q, case.seq_k, qc.device,
-                               case.block_layout, case.block_size)  # (R, Nk) or None
+                               case.block_layout, case.param("block_size"))  # (R, Nk) or None
         p = _masked_sparsemax(s, allowed, sparsemax_bisect)
         return torch.matmul(p, v.unsqueeze(2)).reshape(B, Hq, R, v.shape[-1])  # (B, Hq, R, Dv)
 
@@ -112,7 +112,8 @@ class Sparsemax(Backend):
 
     def build(self, case, inputs):
         allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k,
-                               inputs.q.device, case.block_layout, case.block_size)  # (Nq, Nk)
+                               inputs.q.device, case.block_layout,
+                               case.param("block_size"))  # (Nq, Nk)
         scale, group = case.softmax_scale, case.group_size
         cdt = torch.float64 if case.dtype == "float64" else torch.float32
 

@@ -9,7 +9,7 @@ from attnbench.core.masks import allowed_rows
 
 def brute_pairs(case: Case) -> int:
     allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k, "cpu",
-                           case.block_layout, case.block_size)
+                           case.block_layout, case.param("block_size"))
     return case.seq_q * case.seq_k if allowed is None else int(allowed.sum())
 
 

@@ -86,5 +86,5 @@ def test_every_declared_default_is_the_case_default():
     for b in all_backends().values():
         for name, param in b.params.items():
             assert param.problem(param.default) is None, (b.name, name)
-            if name in Case.__dataclass_fields__:
-                assert getattr(Case(), name) == param.default, (b.name, name)
+            if name in Case.columns():
+                assert Case().param(name) == param.default, (b.name, name)

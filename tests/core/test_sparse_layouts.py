@@ -102,7 +102,7 @@ def test_block_sparse_flex_and_naive_agree_with_float64(mask, shape):
     ref = case_reference(case, inputs).as_dict()
     # the masks really are sparse here, and every backend reads the same geometry
     allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k, "cpu",
-                           case.block_layout, case.block_size)
+                           case.block_layout, case.param("block_size"))
     assert 0 < int(allowed.sum()) < case.seq_q * case.seq_k
     assert int(allowed.sum()) == case.visible_pairs
     outs = {}

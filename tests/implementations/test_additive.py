@@ -140,7 +140,7 @@ def test_parameters_are_deterministic_in_seed():
 
 def test_defaults_work_and_differ_from_softmax():
     case = Case(batch=1, heads_q=2, heads_kv=2, seq_q=16, seq_k=16, head_dim=8, head_dim_v=8)
-    assert case.additive_hidden == 8 and case.memory_budget_mb == 256
+    assert A.hidden(case) == 8 and case.param("memory_budget_mb") == 256
     assert BACKEND.semantics == DIFFERENT
     inputs, got = run(case)
     assert rel(got["out"], BACKEND.impl_reference(case, inputs).out) < TOLERANCE_OUT["float32"]

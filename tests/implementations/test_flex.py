@@ -32,7 +32,7 @@ def test_mask_mod_matches_mask(mask, nq, nk):
     mod = mask_mod_for(case, "cpu")
     got = create_mask(mod, 1, 1, nq, nk, device="cpu")[0, 0]  # (Nq, Nk)
     want = allowed_rows(case.mask_spec, 0, nq, nq, nk, "cpu", case.block_layout,
-                        case.block_size)
+                        case.param("block_size"))
     assert torch.equal(got, want)
 
 

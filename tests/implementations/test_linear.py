@@ -54,7 +54,7 @@ def check_against_reference(case):
 def brute_force(case, q, k, v):
     """O(N^2) float64 evaluation: phi from scratch, full masked kernel matrix, no tricks."""
     q, k, v = (t.double() for t in (q, k, v))
-    if case.feature_map == "elu":
+    if case.param("feature_map") == "elu":
         fq, fk = F.elu(q) + 1, F.elu(k) + 1
     else:
         w = L.favor_projection(case)  # (m, D)
@@ -267,7 +267,7 @@ def assert_explicit_equals_autograd(case, causal: bool, **kw):
     """Output and gradients of linear_attention with its explicit backward and with
     autograd on the formula agree to float64 rounding."""
     inputs = case.make_inputs()
-    proj = L.favor_projection(case) if case.feature_map == "favor" else None
+    proj = L.favor_projection(case) if case.param("feature_map") == "favor" else None
     go = torch.randn(case.batch, case.heads_q, case.seq_q, case.head_dim_v,
                      dtype=torch.float64)
     grads = []
@@ -352,7 +352,8 @@ FUSED = {
 
 def fused_kernel_name(case) -> str:
     how = "chunked-prefix(C=64)" if case.mask == "causal" else "global-state"
-    feats = f"favor(m={case.num_features})" if case.feature_map == "favor" else "elu"
+    favor = case.param("feature_map") == "favor"
+    feats = f"favor(m={case.param('num_features')})" if favor else "elu"
     backward = ",fused-backward" if case.needs_grad else ""
     return f"{feats},fused-{how}{backward},{_native.isa()}"  # and the build that ran
 
@@ -385,7 +386,7 @@ def test_fused_forward_matches_own_reference_and_brute_force(name):
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     # FAVOR+'s exp amplifies the fp32 projection's rounding: the eager path reads 1.1e-6
     # on favor-d64, elu's both read about 1.4e-7
-    tol = 4e-6 if case.feature_map == "favor" else 1e-6
+    tol = 4e-6 if case.param("feature_map") == "favor" else 1e-6
     assert rel(got, BACKEND.impl_reference(case, inputs).as_dict()["out"]) < tol
     assert rel(got, brute_force(case, inputs.q, inputs.k, inputs.v)) < tol
 
@@ -474,7 +475,7 @@ def test_fused_forward_and_backward_match_own_reference(name):
     got = prepared.outputs(prepared.fn())
     ref = BACKEND.impl_reference(case, inputs).as_dict()  # autograd on the float64 formula
     assert set(got) >= set(ref) and len(ref) >= 3
-    tol = 4e-6 if case.feature_map == "favor" else 1e-6
+    tol = 4e-6 if case.param("feature_map") == "favor" else 1e-6
     for key, r in ref.items():
         assert torch.isfinite(got[key]).all(), key
         assert rel(got[key], r) < tol, (key, rel(got[key], r))

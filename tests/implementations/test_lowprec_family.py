@@ -32,7 +32,8 @@ def eager(case: Case, inputs) -> dict[str, torch.Tensor]:
     kk, vv = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # (B, Hq, Nk, D)
     s = (q @ kk.transpose(-1, -2)) * case.softmax_scale  # (B, Hq, Nq, Nk)
     allowed = allowed_rows(case.mask_spec, 0, case.seq_q, case.seq_q, case.seq_k,
-                           layout=case.block_layout, block_size=case.block_size)  # (Nq, Nk)
+                           layout=case.block_layout,
+                           block_size=case.param("block_size"))  # (Nq, Nk)
     seen = allowed.any(dim=-1, keepdim=True)  # (Nq, 1) rows that see a key
     s = s.masked_fill(~allowed, -math.inf).masked_fill(~seen, 0)
     p = torch.softmax(s, dim=-1).masked_fill(~seen, 0)  # empty rows output 0

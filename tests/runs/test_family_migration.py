@@ -66,7 +66,8 @@ def test_linear_and_linformer_sweeps_give_no_block_fields():
 def test_only_block_sparse_records_carry_its_layout_and_all_share_the_problem():
     suite = load_suite(str(FAMILY))
     dense = [(c, b) for c, b in suite.jobs() if c.mask == "none" and c.mode == "fwd"
-             and c.seq_q == 8192 and c.additive_dim == 0 and c.feature_map == "elu"]
+             and c.seq_q == 8192 and c.param("additive_dim") == 0
+             and c.param("feature_map") == "elu"]
     keys = {b: c.key for c, b in dense}
     assert set(keys) == {"sdpa", "linear", "linformer", "block_sparse"}
     assert all("block_" not in keys[b] for b in ("sdpa", "linear", "linformer"))
@@ -111,7 +112,7 @@ def test_compare_pairs_a_published_run_with_one_of_the_rewritten_suite():
 
     old = load_results(FIXTURE / "records.jsonl")
     shape = ("backend", "seq_q", "mask", "mode", "feature_map", "additive_dim")
-    now = {tuple(getattr(c, f) if f != "backend" else b for f in shape): c.key
+    now = {tuple(c.to_dict()[f] if f != "backend" else b for f in shape): c.key
            for c, b in load_suite(str(FAMILY)).jobs()}
     new = old.assign(key=[now[tuple(r[f] for f in shape)] for _, r in old.iterrows()])
     # sdpa (4 sizes), linear (5 + 2 fwd_bwd) and linformer (5) lost the block knobs

@@ -4,7 +4,6 @@ records (pandas, the statistics), so that a suite loads without those."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import math
 
@@ -21,7 +20,7 @@ MAX_ROUNDS = 1000  # a claim's budget of paired rounds, at most
 SHAPE = ["batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v", "dtype",
          "mode"]
 KINDS = ("ratio", "value", "exponent")
-WHERE_FIELDS = tuple(f.name for f in dataclasses.fields(Case)) + ("seq_len",)
+WHERE_FIELDS = Case.columns() + ("seq_len",)
 
 
 def validate_claims(raw, path) -> list[dict]:

@@ -109,8 +109,9 @@ class Backend:
     description: str = ""
     caps: Capabilities = Capabilities()
     semantics: str = EXACT
-    # The case knobs this backend reads on every case, declared once with their limits
-    # (core/params.py): suites are checked against them, and a line of its records may be
+    # The parameters this backend reads on every case, declared once with their limits
+    # (core/params.py; the built-in ones in core/knobs.py): suites are checked against
+    # them, a case holds their values (``Case.param``), and a line of its records may be
     # named by them (``reads_knob``).
     params: dict[str, params_mod.Param] = {}
 
@@ -137,18 +138,14 @@ class Backend:
         return params_mod.reasons(self.name, self.params, values)
 
     def param(self, case: Case, name: str):
-        """The value of its declared parameter ``name`` on ``case``: a case field, or one of
-        the case's ``params`` (a plugin's own), else the declared default."""
-        if name in Case.__dataclass_fields__:
-            return getattr(case, name)
-        return params_mod.parse(case.params).get(name, self.params[name].default)
+        """The value of its declared parameter ``name`` on ``case``, else its default."""
+        return case.param(name, self.params[name].default)
 
     def reads_knob(self, knob: str, mask: str) -> bool:
         """Whether the case knob ``knob`` changes what this backend computes on a case with
         ``mask``: its declared parameters, the block knobs on a block-sparse mask, the scale."""
-        block = knob.startswith("block_") and knob != "block_layout_name"
         return knob in self.params or knob == "scale" or (
-            block and str(mask).startswith("block_sparse"))
+            knob in Case.BLOCK_GEOMETRY and str(mask).startswith("block_sparse"))
 
     def extra_reasons(self, case: Case) -> list[str]:
         """Backend-specific limits that capabilities data cannot express."""

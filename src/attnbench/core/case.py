@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from attnbench.core import block_layouts, paging, pretrained
+from attnbench.core import block_layouts, knobs, paging, pretrained
 from attnbench.core import inputs as inputs_kinds
 from attnbench.core import lengths as lengths_axis
 from attnbench.core import params as params_mod
@@ -20,22 +22,41 @@ if TYPE_CHECKING:  # a case is made, keyed and counted without torch (a suite's 
     import torch  # size check); its tensors (inputs, layout) import it where they are made
 
 MODES = ("fwd", "bwd", "fwd_bwd")
+_UNDECLARED = object()
+# A key's core fields (``Case.key``); a mask may hold "-" (window(-1,2)).
+_KEY_HEAD = re.compile(r"b(\d+)-hq(\d+)-hkv(\d+)-q(\d+)-k(\d+)-d(\d+)-dv(\d+)-(\w+)-"
+                       r"(cpu|cuda(?::\d+)?)-(.+)-(fwd_bwd|fwd|bwd)-s(\d+)")
 
 
-@functools.cache
-def _knob_fields(cls) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.CORE_FIELDS)
+def _key_value(name: str, raw: str):
+    """A knob's value as a key writes it, read back."""
+    kind = knobs.BUILT_IN[name].kind if name in knobs.BUILT_IN else {
+        "scale": float, "page_size": int}.get(name, str)
+    return ast.literal_eval(raw) if kind is tuple else kind(raw)
+
+
+def _canonical(params) -> tuple:
+    """A case's parameters as sorted (name, value) pairs: a built-in one at its declared
+    default left out, a plugin's value as its text reads back (so one set has one key)."""
+    if isinstance(params, str):
+        params = params_mod.parse(params)
+    out = {}
+    for name, value in (params.items() if isinstance(params, Mapping) else params):
+        if name == "block_pairs":
+            value = tuple(tuple(int(x) for x in p) for p in value)
+        elif name not in knobs.BUILT_IN:
+            value = params_mod.parse(f"{name}={value}")[name]
+        if name not in knobs.BUILT_IN or value != knobs.BUILT_IN[name].default:
+            out[name] = value
+    return tuple(sorted(out.items()))
 
 
 @functools.cache
 def _knob_split(cls) -> re.Pattern:
-    names = "|".join(sorted(_knob_fields(cls), key=len, reverse=True))
+    names = "|".join(sorted(cls.knob_fields(), key=len, reverse=True))
     return re.compile(rf"-(?=(?:{names})=)")
 
 
-@functools.cache
-def _defaults() -> Case:
-    return Case()
 # FLOPs of a mode as a multiple of the forward pass (FlashAttention's convention).
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 
@@ -68,39 +89,27 @@ class Case:
     mask: str = "none"
     mode: str = "fwd"
     seed: int = 0
-    # Per-family knobs. Only the ones that differ from these defaults enter the key.
-    block_size: int = 64
-    block_band: int = 1
-    block_global: int = 1
-    block_random: int = 2
-    block_pairs: tuple[tuple[int, int], ...] = field(default=())
-    block_stride: int = 0  # strided layout: stride in blocks; 0 means round(sqrt(n_k_blocks))
-    block_layout_name: str = "bigbird"  # layout block_sparse uses on a dense (mask none) case
-    feature_map: str = "elu"
-    num_features: int = 256
-    additive_dim: int = 0  # 0 means head_dim
-    linformer_k: int = 256  # linformer: rows K and V are projected to along the sequence
-    memory_budget_mb: int = 256
     scale: float | None = None  # None means 1/sqrt(head_dim)
     inputs: str = "randn"  # what q, k, v look like (core/inputs.py); randn stays out of keys
     lengths: str = ""  # packed documents per row (core/lengths.py); "" (dense) stays out of keys
     page_size: int = 0  # a paged KV cache's tokens per page (core/paging.py); 0: contiguous
     pages: str = ""  # the page table's layout (core/paging.py); "" without paging
-    # A backend's own parameters that are no field above (a plugin's), as
-    # core/params.py writes them ("alpha=2"); "" stays out of keys
-    params: str = ""
+    # The backends' parameters (declared by them: core/knobs.py, a plugin's own module),
+    # as sorted (name, value) pairs without those at their declared defaults; given as a
+    # mapping, as core/params.py's text ("alpha=2"), or by name (``Case(block_size=32)``).
+    # Read with ``param``, which applies the declared default.
+    params: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         object.__setattr__(self, "mask", str(MaskSpec.parse(self.mask)))
-        object.__setattr__(self, "block_pairs",
-                           tuple(tuple(int(x) for x in p) for p in self.block_pairs))
+        object.__setattr__(self, "params", _canonical(self.params))
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
         for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim",
                      "head_dim_v", "block_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+            if self.column(name) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {self.column(name)}")
         if self.heads_q % self.heads_kv:
             raise ValueError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
@@ -108,8 +117,38 @@ class Case:
         if self.lengths:
             object.__setattr__(self, "lengths", str(lengths_axis.parse(self.lengths)))
         object.__setattr__(self, "pages", paging.check(self.page_size, self.pages))
-        if self.params:
-            object.__setattr__(self, "params", params_mod.text(params_mod.parse(self.params)))
+
+    def column(self, name: str):
+        """What a record's column ``name`` holds for this case: a field, or a built-in
+        parameter's value (its default when not given); None for any other name."""
+        if name in self.__dataclass_fields__ and name != "params":
+            return getattr(self, name)
+        return self.param(name, None)
+
+    # ---- backend parameters ---------------------------------------------
+    @cached_property
+    def _params(self) -> dict:
+        return dict(self.params)
+
+    def param(self, name: str, default=_UNDECLARED):
+        """The value of backend parameter ``name`` on this case: the one it was given, else
+        the declared default (core/knobs.py's, or ``default``: a plugin's declaration)."""
+        if name in self._params:
+            return self._params[name]
+        if name in knobs.BUILT_IN:
+            return knobs.BUILT_IN[name].default
+        if default is _UNDECLARED:
+            raise KeyError(f"{name!r} is no parameter this case was given or core declares")
+        return default
+
+    def with_params(self, **values) -> Case:
+        """This case with backend parameters set (built-in or a plugin's)."""
+        return dataclasses.replace(self, params=self._params | values)
+
+    @property
+    def own_params(self) -> dict:
+        """The parameters no built-in backend declares (a plugin's), as given."""
+        return {n: v for n, v in self.params if n not in knobs.BUILT_IN}
 
     # ---- identity -------------------------------------------------------
     CORE_FIELDS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v",
@@ -119,12 +158,18 @@ class Case:
     # (``Backend.params``), part of a record's identity only on the backend that reads them.
     PROBLEM_KNOBS = ("scale", "inputs", "lengths", "page_size", "pages")
     # A block_sparse(...) mask's geometry: the problem's on those masks, a parameter elsewhere.
-    BLOCK_GEOMETRY = ("block_size", "block_band", "block_global", "block_random",
-                      "block_pairs", "block_stride")
+    BLOCK_GEOMETRY = tuple(knobs.BLOCK)
 
     @classmethod
     def knob_fields(cls) -> tuple[str, ...]:
-        return _knob_fields(cls)
+        """The names a key writes after the core fields, in its order: the built-in
+        parameters, the problem's knobs, then a plugin's parameters as ``params=...``."""
+        return (*knobs.BUILT_IN, *cls.PROBLEM_KNOBS, "params")
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The case's columns in a record, in order (``to_dict``)."""
+        return cls.CORE_FIELDS + cls.knob_fields()
 
     @classmethod
     def problem_knobs(cls, mask: str) -> tuple[str, ...]:
@@ -138,8 +183,8 @@ class Case:
         given per backend (then every knob was in every backend's key): the key with its
         backend-parameter knobs dropped. What records of different backends join on."""
         keep = cls.problem_knobs(mask)
-        first, *knobs = _knob_split(cls).split(str(key))
-        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep)])
+        first, *rest = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in rest if k.split("=", 1)[0] in keep)])
 
     @classmethod
     def identity_of(cls, key: str, mask: str, reads) -> str:
@@ -147,9 +192,25 @@ class Case:
         knobs ``reads(name)`` says that backend reads (a key written when every knob was
         in every backend's key loses the others)."""
         keep = cls.problem_knobs(mask)
-        first, *knobs = _knob_split(cls).split(str(key))
-        return "-".join([first, *(k for k in knobs if k.split("=", 1)[0] in keep
+        first, *rest = _knob_split(cls).split(str(key))
+        return "-".join([first, *(k for k in rest if k.split("=", 1)[0] in keep
                                   or reads(k.split("=", 1)[0]))])
+
+    @classmethod
+    def from_key(cls, key: str) -> Case:
+        """The case a key names (``key`` read back): what proves keys written before the
+        parameters left the case's fields still name the same case."""
+        match = _KEY_HEAD.fullmatch(_knob_split(cls).split(key, 1)[0])
+        if not match:
+            raise ValueError(f"not a case key: {key!r}")
+        *ints, dtype, device, mask, mode, seed = match.groups()
+        names = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v")
+        fields = dict(zip(names, map(int, ints))) | dict(
+            dtype=dtype, device=device, mask=mask, mode=mode, seed=int(seed))
+        for part in _knob_split(cls).split(key)[1:]:
+            name, raw = part.split("=", 1)
+            fields[name] = _key_value(name, raw)
+        return cls(**fields)
 
     @cached_property
     def problem(self) -> str:
@@ -161,19 +222,28 @@ class Case:
         parts = [f"b{self.batch}", f"hq{self.heads_q}", f"hkv{self.heads_kv}",
                  f"q{self.seq_q}", f"k{self.seq_k}", f"d{self.head_dim}", f"dv{self.head_dim_v}",
                  self.dtype, self.device, self.mask, self.mode, f"s{self.seed}"]
-        defaults = _defaults()
-        for name in self.knob_fields():
+        parts += [f"{name}={self._params[name]}" for name in knobs.BUILT_IN
+                  if name in self._params]  # the order they had as fields; defaults left out
+        for name in self.PROBLEM_KNOBS:
             value = getattr(self, name)
-            if value != getattr(defaults, name):
+            if value != self.__dataclass_fields__[name].default:
                 parts.append(f"{name}={value}")
+        if self.own_params:
+            parts.append(f"params={params_mod.text(self.own_params)}")
         return "-".join(str(p).replace(" ", "") for p in parts)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["block_pairs"] = [list(p) for p in self.block_pairs]
+        """The columns of a record: every built-in parameter at its value (defaults too),
+        a plugin's as core/params.py's text."""
+        d = {name: getattr(self, name) for name in self.CORE_FIELDS}
+        d |= {name: self.param(name) for name in knobs.BUILT_IN}
+        d["block_pairs"] = [list(p) for p in d["block_pairs"]]
+        d |= {name: getattr(self, name) for name in self.PROBLEM_KNOBS}
+        d["params"] = params_mod.text(self.own_params)
         return d
 
     def replace(self, **changes) -> Case:
+        """This case with fields changed; a backend parameter's name sets that parameter."""
         return dataclasses.replace(self, **changes)
 
     # ---- derived --------------------------------------------------------
@@ -220,10 +290,6 @@ class Case:
     def softmax_scale(self) -> float:
         return self.scale if self.scale is not None else self.head_dim ** -0.5
 
-    @property
-    def additive_hidden(self) -> int:
-        return self.additive_dim or self.head_dim
-
     @cached_property
     def block_layout(self) -> torch.Tensor | None:
         """Boolean (n_q_blocks, n_k_blocks) layout for block_sparse masks, else None."""
@@ -234,15 +300,16 @@ class Case:
 
     def layout_named(self, name: str) -> torch.Tensor:
         """Boolean (n_q_blocks, n_k_blocks) layout ``name`` with this case's block knobs."""
-        return block_layouts.make_layout(name, self.seq_q, self.seq_k, self.block_size,
-                                         **self.layout_knobs)
+        return block_layouts.make_layout(name, self.seq_q, self.seq_k,
+                                         self.param("block_size"), **self.layout_knobs)
 
     @property
     def layout_knobs(self) -> dict:
         """The block knobs a layout reads, as ``make_layout`` takes them."""
-        return dict(band=self.block_band, global_blocks=self.block_global,
-                    random_blocks=self.block_random, seed=self.seed, pairs=self.block_pairs,
-                    stride=self.block_stride)
+        p = self.param
+        return dict(band=p("block_band"), global_blocks=p("block_global"),
+                    random_blocks=p("block_random"), seed=self.seed, pairs=p("block_pairs"),
+                    stride=p("block_stride"))
 
     @cached_property
     def visible_pairs(self) -> int:
@@ -257,7 +324,7 @@ class Case:
     def mask_geometry(self) -> Geometry:
         """What this case's mask is laid over; a block layout by its knobs, so that it is
         counted once per geometry and never copied to be counted."""
-        return Geometry(self.seq_q, self.seq_k, self.block_size,
+        return Geometry(self.seq_q, self.seq_k, self.param("block_size"),
                         layout_knobs=tuple(self.layout_knobs.items()))
 
     @property
@@ -338,3 +405,19 @@ class Case:
             q, k = inputs_kinds.shape_synthetic(spec, q, k, self.softmax_scale, structure)
         return Inputs(cast(q), cast(k), cast(v),
                       None if grad_out is None else cast(grad_out), info)
+
+
+_generated_init = Case.__init__
+
+
+def _init(self, *args, **fields):
+    """A built-in parameter given by name (``Case(block_size=32)``, a record's columns)
+    joins the case's ``params``."""
+    named = {n: fields.pop(n) for n in [n for n in fields if n in knobs.BUILT_IN]}
+    if named:
+        given = _canonical(fields.get("params", ()))
+        fields["params"] = dict(given) | named
+    _generated_init(self, *args, **fields)
+
+
+Case.__init__ = _init

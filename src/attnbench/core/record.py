@@ -10,7 +10,6 @@ included, is built by ``Record.new``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,7 @@ FORMAT_VERSION = 2
 
 STATUSES = ("ok", "unavailable", "unsupported", "oom", "skipped", "error", "crashed",
             "timeout", "wrong")
-CASE_COLUMNS = tuple(f.name for f in dataclasses.fields(Case))
+CASE_COLUMNS = Case.columns()  # a record's case, column by column (``Case.to_dict``)
 # Identity and run columns at the front of every row, before the declared metrics.
 IDENTITY_COLUMNS = ("run_id", "key", "backend", "status", "reason", "noisy", *CASE_COLUMNS)
 # Optional information columns (not metrics), with what they hold. Absent when not produced.
@@ -184,8 +183,6 @@ class Record:
     @classmethod
     def from_row(cls, row: dict) -> Record:
         case_fields = {k: row[k] for k in CASE_COLUMNS if k in row and row[k] is not None}
-        if "block_pairs" in case_fields:
-            case_fields["block_pairs"] = tuple(tuple(p) for p in case_fields["block_pairs"])
         rest = {k: v for k, v in row.items()
                 if k not in CASE_COLUMNS and k not in ("key", "backend", "status", "reason")}
         return cls.new(Case(**case_fields), row["backend"], row["status"],

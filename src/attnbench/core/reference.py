@@ -153,7 +153,7 @@ def case_reference(case, inputs, need_grads: bool | None = None) -> RefResult:
         return case_varlen_reference(case, inputs, grads)
     return softmax_reference(inputs.q, inputs.k, inputs.v, case.mask_spec, case.softmax_scale,
                              grad_out=inputs.grad_out if grads else None,
-                             layout=case.block_layout, block_size=case.block_size)
+                             layout=case.block_layout, block_size=case.param("block_size"))
 
 
 # A packed batch: each document (a slice of a row, core/lengths.py) is its own small problem,

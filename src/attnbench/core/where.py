@@ -18,7 +18,7 @@ def values(v) -> list:
 def case_matches(case, where: dict) -> bool:
     """The same selection for one Case (before it has a record): every entry must match."""
     for k, v in where.items():
-        lengths = (case.seq_q, case.seq_k) if k == "seq_len" else (getattr(case, k, None),)
+        lengths = (case.seq_q, case.seq_k) if k == "seq_len" else (case.column(k),)
         if any(x not in values(v) for x in lengths):
             return False
     return True

@@ -302,8 +302,7 @@ def estimate(suite: Suite, jobs: list[tuple[Case, str]], device: str,
         rate = rate or _matmul_rate(device)
         then = TimingBudget(**{k: v for k, v in (meta.get("timing") or {}).items()
                                if k in {f.name for f in dataclasses.fields(TimingBudget)}})
-        own = [(Case(**{k: v for k, v in r.items() if k in Case.__dataclass_fields__}
-                     | {"block_pairs": tuple(map(tuple, r.get("block_pairs") or ()))}),
+        own = [(Case(**{k: v for k, v in r.items() if k in Case.columns() and v is not None}),
                 r["backend"]) for r in records]
         runs = Runnable()
         modelled = _modelled_s(own, then, rate, efficiency, known, kind, runs=runs)

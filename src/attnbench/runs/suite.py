@@ -18,9 +18,8 @@ from pathlib import Path
 from attnbench.analysis.claim_checks import validate_claims
 from attnbench.analysis.comparisons import Comparison, validate_comparisons
 from attnbench.core import inputs as inputs_kinds
+from attnbench.core import knobs, paging
 from attnbench.core import lengths as lengths_axis
-from attnbench.core import paging
-from attnbench.core import params as params_mod
 from attnbench.core.case import MODES, Case
 from attnbench.core.dtypes import DTYPES, canonical_dtype
 from attnbench.core.errors import BadInput, shown
@@ -48,14 +47,16 @@ TIMING_MAX = {"warmup_s": 3600.0, "rewarm_s": 60.0, "budget_s": 86400.0, "timeou
               "setup_timeout_s": 604800.0,
               "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
               "noise_threshold": 100.0, "unsteady_rel": 100.0, "processes": 100}
-CASE_FIELDS = {f.name: f for f in dataclasses.fields(Case)}
-AXIS_KEYS = tuple(CASE_FIELDS) + ("seq_len",)
-INT_AXES = {n for n, f in CASE_FIELDS.items() if f.type in ("int", int)} | {"seq_len"}
-# The problem's own bounds; a backend parameter's are in its declaration (check_params).
+# The problem's fields, then every built-in backend parameter (core/knobs.py) by name.
+AXIS_KEYS = Case.columns() + ("seq_len",)
+INT_AXES = ({f.name for f in dataclasses.fields(Case) if f.type in ("int", int)}
+            | {n for n, p in knobs.BUILT_IN.items() if p.kind is int} | {"seq_len"})
+# The problem's own bounds, a block layout's geometry's among them (a block-sparse mask's:
+# from its declaration); a backend parameter's are in its declaration (check_params).
 POSITIVE_AXES = {"batch", "heads_q", "heads_kv", "seq_q", "seq_k", "seq_len", "head_dim",
-                 "head_dim_v", "block_size"}
-NON_NEGATIVE_AXES = {"seed", "block_band", "block_global", "block_random", "block_stride",
-                     "page_size"}
+                 "head_dim_v"} | {n for n, p in knobs.BLOCK.items() if p.minimum == 1}
+NON_NEGATIVE_AXES = {"seed", "page_size"} | {n for n, p in knobs.BLOCK.items()
+                                             if p.minimum == 0}
 SEQ_AXES = ("seq_len", "seq_q", "seq_k")
 # Axes whose values a Case checks together (heads_q must be a multiple of heads_kv).
 JOINT_AXES = ("heads_q", "heads_kv")
@@ -96,13 +97,7 @@ class Sweep:
         names = list(own)
         out = []
         for values in itertools.product(*(own[n] for n in names)):
-            given = dict(zip(names, values))
-            extra = {n: v for n, v in given.items() if n not in CASE_FIELDS}
-            mine = case.replace(**{n: v for n, v in given.items() if n in CASE_FIELDS})
-            if extra:
-                mine = mine.replace(params=params_mod.text(params_mod.parse(mine.params)
-                                                           | extra))
-            out.append(mine)
+            out.append(case.with_params(**dict(zip(names, values))))
         return out
 
     def combinations(self, backend: str) -> int:
@@ -185,8 +180,8 @@ class Sweep:
         high = math.prod(distinct.values()) * sum(weight.values())
         removed = 0
         for rule in self.exclude:
-            if any(k not in self.axes and k not in self.derive and k not in CASE_FIELDS
-                   and k not in ("backend", "seq_len") for k in rule):
+            if any(k not in self.axes and k not in self.derive and k not in AXIS_KEYS
+                   and k != "backend" for k in rule):
                 continue  # names nothing a point has: matches nothing
             if "backend" not in rule and any(k not in self.axes and k not in self.derive
                                              for k in rule):
@@ -488,7 +483,7 @@ class _Validator:
         if name in Case.CORE_FIELDS or name in ("seq_len", "params", "device"):
             self.fail(where + name, raw, "a problem axis, not a backend parameter; give it "
                                          "in axes")
-        if name in CASE_FIELDS:
+        if name in AXIS_KEYS:
             return self.axis_values(name, raw, where)
         if not name.isidentifier():
             self.fail(where + name, raw, "not a parameter name; allowed: a Python identifier")
