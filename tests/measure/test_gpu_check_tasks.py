@@ -3,15 +3,16 @@ killing its workers when its caller is interrupted (the GPU check's time limit).
 
 from __future__ import annotations
 
-import _thread
-import os
-import threading
+import select
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from attnbench.measure import correctness, gpu_check
+from attnbench.measure import gpu_check
 
 ALL_PARTS = {"flex", "shapes", "configs", "backends"}  # the script's default --parts
 
@@ -50,10 +51,27 @@ def test_an_unknown_task_kind_is_refused():
         gpu_check.as_task("x", ())
 
 
-def _hang(pid_file):
+_CALLER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import hang_task
+from attnbench.measure import correctness
+task = correctness.Task(hang_task.hang, (sys.argv[2],), "hang")
+try:
+    correctness.run_tasks([task], 1, lambda rows: None, timeout_s=300)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    time.sleep(60)  # still alive: no exit handler can have stopped the worker, only run_tasks
+"""
+
+_HANG_TASK = """
+import os, time
+from pathlib import Path
+def hang(pid_file):
     Path(pid_file).write_text(str(os.getpid()))
     time.sleep(120)
     return []
+"""
 
 
 def _gone(pid: int) -> bool:
@@ -66,24 +84,30 @@ def _gone(pid: int) -> bool:
 
 def test_an_interrupted_caller_leaves_no_worker_running(tmp_path):
     """The time limit's SIGINT reaches the caller of run_tasks: every worker is killed
-    before the interruption goes on (none may hold the GPU in the next step)."""
+    before the interruption goes on (none may hold the GPU in the next step). The caller is
+    its own process, as gpu_correctness.py is: its main thread holds nothing but the wait."""
+    (tmp_path / "hang_task.py").write_text(_HANG_TASK)
     pid_file = tmp_path / "pid"
-    tasks = [correctness.Task(_hang, (str(pid_file),), "hang")]
-
-    def interrupt_once_started():
+    caller = subprocess.Popen([sys.executable, "-c", _CALLER, str(tmp_path), str(pid_file)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
         deadline = time.monotonic() + 120
         while not pid_file.exists() and time.monotonic() < deadline:
+            assert caller.poll() is None, caller.communicate()[1]
             time.sleep(0.05)
-        _thread.interrupt_main()
-
-    threading.Thread(target=interrupt_once_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        correctness.run_tasks(tasks, 1, lambda rows: None, timeout_s=300)
-    pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
-    while not _gone(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _gone(pid)
+        assert pid_file.exists(), "the task never started"
+        time.sleep(0.1)  # the pid is written before the file is closed
+        pid = int(pid_file.read_text())
+        caller.send_signal(signal.SIGINT)
+        ready, _, _ = select.select([caller.stdout], [], [], 60)
+        assert ready and caller.stdout.readline() == "interrupted\n"
+        deadline = time.monotonic() + 10
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(pid) and caller.poll() is None
+    finally:
+        caller.kill()
+        caller.communicate()
 
 
 def test_progress_lines_name_each_failed_and_skipped_check():
