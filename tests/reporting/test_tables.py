@@ -81,3 +81,34 @@ def test_a_column_the_lengths_determine_moves_along_the_line():
     runs = pd.DataFrame([r | {"run_id": "h100" if r["seq_q"] == 1024 else "h200"}
                          for r in rows])
     assert "run_id" in line_columns(runs)
+
+
+def _param_row(backend, n, **values):
+    return {"run_id": "r", "key": f"k{n}", "backend": backend, "status": "ok", "seq_q": n,
+            "seq_k": n, "dtype": "float32", "mask": "none", "mode": "fwd",
+            "time_ms_median": float(n), "block_band": 1, "feature_map": "elu",
+            "additive_dim": 0} | values
+
+
+def test_a_parameter_cell_is_blank_on_backends_that_do_not_read_it():
+    df = pd.DataFrame([_param_row("sdpa", 64), _param_row("linear", 64),
+                       _param_row("linear", 64, feature_map="favor"),
+                       _param_row("block_sparse", 64, block_band=2)])
+    table = tables.pivot(df)
+    rows = {idx[table.index.names.index("backend")]: dict(zip(table.index.names, idx))
+            for idx in table.index if idx[table.index.names.index("feature_map")] != "favor"}
+    assert rows["sdpa"]["block_band"] == "" and rows["sdpa"]["feature_map"] == ""
+    assert rows["block_sparse"]["block_band"] == 2 and rows["block_sparse"]["feature_map"] == ""
+    assert rows["linear"]["feature_map"] == "elu" and rows["linear"]["block_band"] == ""
+    assert len(table) == 4  # every record keeps its own row
+
+
+def test_a_parameter_stays_where_blanking_would_merge_two_records():
+    # sdpa timed on the same problem in two groups that differ by additive's parameter only
+    df = pd.DataFrame([_param_row("sdpa", 64), _param_row("sdpa", 64, additive_dim=64),
+                       _param_row("additive", 64, additive_dim=64)])
+    table = tables.pivot(df)
+    assert len(table) == 3
+    assert sorted(str(i[table.index.names.index("additive_dim")]) for i in table.index) == \
+        ["0", "64", "64"]
+    assert all("|" not in cell for cell in table.iloc[:, 0])

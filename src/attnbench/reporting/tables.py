@@ -3,7 +3,8 @@
 "The same line" has one definition, ``line_columns``: dtype, mask, mode and backend, plus
 every other case field (and the run, when several are shown) that varies among the
 records. Two records never share a cell silently: knob sweeps (linear's feature_map elu vs
-favor, a scale sweep) get a row each. Values are formatted by their metric's declaration;
+favor, a scale sweep) get a row each; a backend parameter's cell is blank on the rows of
+backends that do not read it. Values are formatted by their metric's declaration;
 a time shows its 95% interval's half-width, or "too noisy to say".
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnbench.core import metrics
+from attnbench.core import knobs, metrics
 from attnbench.core.record import CASE_COLUMNS
 from attnbench.reporting.interval_text import half_width_text
 from attnbench.stats.intervals import coverage_note
@@ -119,11 +120,33 @@ def pivot(df: pd.DataFrame, value_col: str = "time_ms_median",
     for c in lines:  # NaN (e.g. scale=None) would drop the row from a pivot
         d[c] = d[c].astype(object).where(d[c].notna(), "-")
     d["N"] = d.apply(seq_label, axis=1)
+    _blank_unread_params(d, lines)
     d["cell"] = d.apply(lambda r: _cell(r, value_col) + _clock(r, clock), axis=1)
     order = (d.drop_duplicates("N").sort_values(["seq_q", "seq_k"])["N"].tolist())
     table = d.pivot_table(index=lines, columns="N", values="cell",
                           aggfunc=lambda cells: " | ".join(cells))  # never drop a record
     return table.reindex(columns=order).fillna("")
+
+
+def _blank_unread_params(d: pd.DataFrame, lines: list[str]) -> None:
+    """Blank, in place, a backend parameter's cell on the rows of backends that do not read
+    it (sdpa's row shows no ``block_band``), except where that would put two records with
+    different values in one cell."""
+    if "backend" not in d.columns:
+        return
+    from attnbench.core.registry import all_backends
+    known = all_backends()
+    masks = d["mask"].astype(str) if "mask" in d.columns else pd.Series("", index=d.index)
+    for c in [c for c in lines if c in knobs.BUILT_IN]:
+        unread = pd.Series([b in known and not known[b].reads_knob(c, m)
+                            for b, m in zip(d["backend"].astype(str), masks)], index=d.index)
+        if not unread.any():
+            continue
+        blanked = d[c].where(~unread, "")
+        rest = [x for x in lines if x != c] + ["N"]
+        clash = d.assign(_blank=blanked).groupby([*rest, "_blank"])[c].transform(
+            lambda values: values.astype(str).nunique() > 1)
+        d[c] = d[c].where(~(unread & ~clash), "")
 
 
 def folded(rates: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame:
