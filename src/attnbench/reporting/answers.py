@@ -99,20 +99,17 @@ def short_headline(planned: list, verdicts: str | None) -> str:
     its largest size, and the goals' verdicts."""
     parts = []
     for c, _, sp in planned:
-        if sp.empty or "speedup" not in sp or sp["speedup"].isna().all():
+        pick = findings.headline_pick(sp)
+        if pick is None:
             continue
-        ok = sp[sp["speedup"].notna()]
-        top = ok[ok["seq_q"] == ok["seq_q"].max()]
-        best = top.loc[top["speedup"].astype(float).idxmax()]
+        backend, x, significant, best = pick
         n = n_label(int(best["seq_q"]))
-        x = float(best["speedup"])
-        if "significant" in best and not bool(best["significant"]):
-            parts.append(f"{best['backend']} and {c.baseline} not told apart at N={n} "
-                         f"({x:.3g}x)")
+        if not significant:
+            parts.append(f"{backend} and {c.baseline} not told apart at N={n} ({x:.3g}x)")
         elif x >= 1:
-            parts.append(f"{best['backend']} {x:.3g}x faster than {c.baseline} at N={n}")
+            parts.append(f"{backend} {x:.3g}x faster than {c.baseline} at N={n}")
         else:
-            parts.append(f"{c.baseline} fastest at N={n} ({best['backend']} {x:.3g}x)")
+            parts.append(f"{c.baseline} fastest at N={n} ({backend} {x:.3g}x)")
         break
     if verdicts:
         parts.append(verdicts)

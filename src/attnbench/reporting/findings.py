@@ -459,17 +459,41 @@ def _headline_text(c: Comparison, backend: str, iv: str, faster: bool, where: st
             f"{iv}{sig}")
 
 
-def _pooled_headline(c: Comparison, top: pd.DataFrame) -> str | None:
-    """The headline from each (case, backend)'s ratio pooled over the runs that measured
-    it; None when no case was measured in two or more runs."""
+def _pooled_best(top: pd.DataFrame):
+    """(pooled ratio, backend, first record) of the case and backend whose ratio pooled over
+    the runs that measured it is largest; None when no case was measured in two or more."""
     best = None
     for _, g in top.groupby([c for c in ("key", "backend") if c in top], sort=False):
         if g["run_id"].nunique() < 2:
             continue
-        backend = g.iloc[0]["backend"]
         p = pooling.random_effects([_within(r) for _, r in g.iterrows()])
         if p is not None and (best is None or p.interval.estimate > best[0].interval.estimate):
-            best = (p, backend, g.iloc[0])
+            best = (p, g.iloc[0]["backend"], g.iloc[0])
+    return best
+
+
+def headline_pick(sp: pd.DataFrame) -> tuple[str, float, bool, pd.Series] | None:
+    """What a short headline names at the largest size with a ratio: (backend, factor,
+    significant, a record of the case). Over several runs the factor is pooled, never the
+    best single run's; None without ratios."""
+    if sp.empty or "speedup" not in sp or sp["speedup"].isna().all():
+        return None
+    ok = sp[sp["speedup"].notna()]
+    top = ok[ok["seq_q"] == ok["seq_q"].max()]
+    if "run_id" in top and top["run_id"].nunique() > 1:
+        pooled = _pooled_best(top)
+        if pooled:
+            p, backend, first = pooled
+            return backend, p.interval.estimate, significance.differs(p.interval), first
+    best = top.loc[top["speedup"].astype(float).idxmax()]
+    significant = bool(best["significant"]) if "significant" in best else True
+    return best["backend"], float(best["speedup"]), significant, best
+
+
+def _pooled_headline(c: Comparison, top: pd.DataFrame) -> str | None:
+    """The headline from each (case, backend)'s ratio pooled over the runs that measured
+    it; None when no case was measured in two or more runs."""
+    best = _pooled_best(top)
     if best is None:
         return None
     p, backend, first = best
