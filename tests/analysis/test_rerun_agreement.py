@@ -88,6 +88,20 @@ def test_records_timed_under_an_interpreter_are_no_speed():
     assert (decided[decided["backend"] == "c"]["change"] == "cannot tell").all()
 
 
+def test_a_record_from_before_the_marker_is_known_by_its_kernel_label():
+    rng = np.random.default_rng(4)
+    df = _run(rng, np.ones(18)).drop(columns="timed_under")
+    df["kernel"] = ["triton_flash[none] fwd=M16N16w1s1 (interpreter)" if b == "c"
+                    else "math" for b in df["backend"]]
+    assert timed_under(df.iloc[2]) == "triton interpreter" and timed_under(df.iloc[0]) == ""
+    assert set(speed_records(df)["backend"]) == {"a", "b"}
+    new = df.copy()
+    new["samples_ms"] = [[x * 3 for x in s] if b == "c" else s
+                         for s, b in zip(new["samples_ms"], new["backend"])]
+    decided = rerun_agreement.compare_counts(df, new)
+    assert (decided[decided["backend"] == "c"]["change"] == "cannot tell").all()
+
+
 def test_the_marker_is_set_for_triton_backends_under_the_interpreter():
     from attnbench.measure.execute import timed_under as mark
 

@@ -41,7 +41,7 @@ CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
 
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
-            "probe_gflops", "device", "timed_under", "noisy_by"]
+            "probe_gflops", "device", "timed_under", "kernel", "noisy_by"]
     base, new = migrated_keys(base, new)
     b = base[[c for c in cols if c in base.columns]]
     n = new[[c for c in cols if c in new.columns]]
@@ -92,8 +92,9 @@ def _samples(value) -> list[float]:
 def speed_ok(r) -> bool:
     """Whether both sides of a joined record are speeds: neither was timed under an
     interpreter or emulator (``timed_under``), which compare never calls worse or better."""
-    return not (timed_under({"timed_under": r.get("timed_under_base")})
-                or timed_under({"timed_under": r.get("timed_under_new")}))
+    return not any(timed_under({"timed_under": r.get(f"timed_under_{side}"),
+                                "kernel": r.get(f"kernel_{side}")})
+                   for side in ("base", "new"))
 
 
 def unsteady(r) -> bool:

@@ -197,16 +197,28 @@ def is_throttled(value) -> bool:
     return isinstance(value, str) and value.strip() not in ("", "[]")
 
 
+INTERPRETED_KERNEL = "(interpreter)"  # how a Triton kernel label ends under the interpreter
+
+
 def timed_under(row) -> str:
     """What a record (a mapping or a table row) was timed under when not the device itself,
-    e.g. 'triton interpreter'; '' for a real speed (absent, NaN, empty)."""
-    value = row.get("timed_under") if hasattr(row, "get") else None
-    return value if isinstance(value, str) else ""
+    e.g. 'triton interpreter'; '' for a real speed (absent, NaN, empty). A record written
+    before the column existed says it only by its kernel label."""
+    get = row.get if hasattr(row, "get") else (lambda _: None)
+    value = get("timed_under")
+    if isinstance(value, str) and value:
+        return value
+    kernel = get("kernel")
+    if isinstance(kernel, str) and kernel.endswith(INTERPRETED_KERNEL):
+        return "triton interpreter"
+    return ""
 
 
 def speed_records(df):
     """The rows of a records table whose times are speeds: those not timed under an
     interpreter or emulator (``timed_under``)."""
-    if "timed_under" not in df.columns:
+    columns = [c for c in ("timed_under", "kernel") if c in df.columns]
+    if not columns:
         return df
-    return df[[not timed_under({"timed_under": v}) for v in df["timed_under"]]]
+    return df[[not timed_under(dict(zip(columns, values)))
+               for values in zip(*(df[c] for c in columns))]]

@@ -70,8 +70,8 @@ def across_runs(d: ratios.Difference, device) -> ratios.Difference:
 
 
 def _ratio_cell(r) -> str:
-    if isinstance(r.get("timed_under"), str) and r["timed_under"]:
-        return f"timed under {r['timed_under']}: not a speed"
+    if timed_under(r):
+        return f"timed under {timed_under(r)}: not a speed"
     if pd.notna(r.get("speedup")):
         iv_text = ratio_text(_interval(r))
         return iv_text + ("" if r["significant"] else " (n.s.)")
