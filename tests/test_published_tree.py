@@ -3,6 +3,7 @@ reference runs, never a run's lock file or its workers' log."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,3 +39,34 @@ def test_no_lock_or_worker_log_is_tracked():
     bad = unpublishable(tracked("results", "reports"))
     assert not bad, f"{len(bad)} tracked (git rm --cached them): {bad[:5]}"
 
+
+
+def orphans(paths: list[str], manifests: dict[str, list[str]]) -> list[str]:
+    """Tracked report files that their folder's manifest (``.attnbench-report.json``, what
+    ``attnbench report`` wrote last) does not list: left over from an older report."""
+    out = []
+    for p in paths:
+        parts = Path(p).parts
+        if len(parts) != 3 or parts[0] != "reports" or parts[2] == ".attnbench-report.json":
+            continue
+        listed = manifests.get(parts[1])
+        if listed is not None and parts[2] not in listed:
+            out.append(p)
+    return out
+
+
+def test_the_orphan_check_names_files_no_manifest_lists():
+    paths = ["reports/r/index.md", "reports/r/a.svg", "reports/r/a.png",
+             "reports/r/.attnbench-report.json", "reports/index.md", "reports/s/x.png"]
+    assert orphans(paths, {"r": ["index.md", "a.svg"]}) == ["reports/r/a.png"]
+
+
+def test_every_tracked_report_file_is_in_its_report_manifest():
+    paths = tracked("reports")
+    manifests = {}
+    for p in paths:
+        if Path(p).name == ".attnbench-report.json" and len(Path(p).parts) == 3:
+            data = json.loads((ROOT / p).read_text(encoding="utf-8"))
+            manifests[Path(p).parts[1]] = data.get("files", [])
+    bad = orphans(paths, manifests)
+    assert not bad, f"{len(bad)} tracked report files no report wrote (git rm them): {bad[:5]}"
