@@ -40,7 +40,6 @@ def test_no_lock_or_worker_log_is_tracked():
     assert not bad, f"{len(bad)} tracked (git rm --cached them): {bad[:5]}"
 
 
-
 def orphans(paths: list[str], manifests: dict[str, list[str]]) -> list[str]:
     """Tracked report files that their folder's manifest (``.attnbench-report.json``, what
     ``attnbench report`` wrote last) does not list: left over from an older report."""
