@@ -43,3 +43,19 @@ def test_publish_lists_only_tracked_or_marked_runs_and_leaves_git_clean(tmp_path
     everything = build_index(tmp_path / "results", tmp_path / "reports", every=True)
     assert "adhoc" in (everything / "index.md").read_text()
     assert git("status", "--porcelain") == ""
+
+
+def test_a_replicate_run_without_its_own_report_links_to_its_pooled_report(tmp_path):
+    from test_report import write_run
+
+    from attnbench.reporting.publish import build_index
+    from attnbench.reporting.report import build_report
+    runs = [write_run(tmp_path, f"2026-12-0{i}-rep-r{i}", "AMD EPYC") for i in (1, 2)]
+    build_report(runs, tmp_path / "reports" / "2026-12-01-rep-pooled")
+    lone = write_run(tmp_path, "2026-12-03-lone-cpu", "AMD EPYC")
+    md = (build_index(tmp_path / "results", tmp_path / "reports", every=True)
+          / "index.md").read_text()
+    for run in runs:
+        assert (f"[{run.name} (in the pooled report)](../2026-12-01-rep-pooled/index.md)"
+                in md), md
+    assert f"{lone.name} (no report" in md

@@ -433,22 +433,30 @@ def comparison_headline(c: Comparison, sp: pd.DataFrame) -> str | None:
     several runs, each (case, backend)'s runs are pooled first (``pooling``) and the
     headline quotes the pooled figure with its method and the per-run spread, never the best
     single run."""
-    if sp.empty or "speedup" not in sp or sp["speedup"].isna().all():
+    top = _largest_size(sp)
+    if top is None:
         return None
-    ok = sp[sp["speedup"].notna()]
-    top = ok[ok["seq_q"] == ok["seq_q"].max()]
     if "run_id" in top and top["run_id"].nunique() > 1:
         pooled = _pooled_headline(c, top)
         if pooled:
             return pooled
     best = top.loc[top["speedup"].astype(float).idxmax()]
     where = f"N = {tables.seq_label(best)}, {best['dtype']} {best['mode']}"
+    ok = sp[sp["speedup"].notna()]
     if "run_id" in ok and ok["run_id"].nunique() > 1:  # not poolable: say which run
         where += f", run {best['run_id']}"
     iv = ratio_text(_interval(best))
     sig = "" if best["significant"] else \
         f", not significant {str(best['significance']).removeprefix('no ')}"
     return _headline_text(c, best["backend"], iv, best["speedup"] >= 1, where, sig)
+
+
+def _largest_size(sp: pd.DataFrame) -> pd.DataFrame | None:
+    """The speedup rows with a ratio at the largest size that has one; None when none."""
+    if sp.empty or "speedup" not in sp or sp["speedup"].isna().all():
+        return None
+    ok = sp[sp["speedup"].notna()]
+    return ok[ok["seq_q"] == ok["seq_q"].max()]
 
 
 def _headline_text(c: Comparison, backend: str, iv: str, faster: bool, where: str,
@@ -476,10 +484,9 @@ def headline_pick(sp: pd.DataFrame) -> tuple[str, float, bool, pd.Series] | None
     """What a short headline names at the largest size with a ratio: (backend, factor,
     significant, a record of the case). Over several runs the factor is pooled, never the
     best single run's; None without ratios."""
-    if sp.empty or "speedup" not in sp or sp["speedup"].isna().all():
+    top = _largest_size(sp)
+    if top is None:
         return None
-    ok = sp[sp["speedup"].notna()]
-    top = ok[ok["seq_q"] == ok["seq_q"].max()]
     if "run_id" in top and top["run_id"].nunique() > 1:
         pooled = _pooled_best(top)
         if pooled:

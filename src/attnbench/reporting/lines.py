@@ -51,11 +51,15 @@ def _read_here(df: pd.DataFrame, knob: str) -> bool:
     if "backend" not in df.columns:
         return True
     masks = df["mask"] if "mask" in df.columns else pd.Series("", index=df.index)
-    for backend, mask in set(zip(df["backend"].astype(str), masks.astype(str))):
-        b = known.get(backend)
-        if b is None or b.reads_knob(knob, mask):
-            return True
-    return False
+    return any(reads(known, backend, knob, mask)
+               for backend, mask in set(zip(df["backend"].astype(str), masks.astype(str))))
+
+
+def reads(known: dict, backend: str, knob: str, mask: str) -> bool:
+    """Whether ``backend`` (one of ``known``, the registry) reads ``knob`` on a case with
+    ``mask``; an unknown backend is assumed to, so nothing is hidden that might matter."""
+    b = known.get(backend)
+    return b is None or b.reads_knob(knob, mask)
 
 
 def label(line: dict, columns: list[str]) -> str:

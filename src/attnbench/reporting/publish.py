@@ -69,20 +69,30 @@ def published_runs(results: Path, every: bool = False) -> list[Path]:
                   reverse=True)
 
 
-def _link(title: str, report_dir: Path, prefix: str, every: bool, how: str) -> object:
+def _has_report(report_dir: Path, every: bool) -> bool:
     html = report_dir / "index.html"
-    if html.is_file() and (every or not git_ignored(html)):
-        return Link(title, f"{prefix}{report_dir.name}/index.html",
-                    f"{prefix}{report_dir.name}/index.md")
+    return html.is_file() and (every or not git_ignored(html))
+
+
+def _link(title: str, report_dir: Path, prefix: str, every: bool, how: str,
+          pooled: Path | None = None) -> object:
+    """A link to the run's own report; else to the pooled report it is part of (replicate
+    runs publish their records and one pooled report); else how to make one."""
+    for target, text in ((report_dir, title), (pooled, f"{title} (in the pooled report)")):
+        if target is not None and _has_report(target, every):
+            return Link(text, f"{prefix}{target.name}/index.html",
+                        f"{prefix}{target.name}/index.md")
     return [title, " (no report: ", Bold(how), ")"]
 
 
-def _row(run_dir: Path, reports: Path, prefix: str = "", every: bool = False) -> dict:
+def _row(run_dir: Path, reports: Path, prefix: str = "", every: bool = False,
+         pooled: Path | None = None) -> dict:
     runs = dataset.load([run_dir])  # a merged dataset: its runs side by side
     run = runs[0]
     title = run.run_id if len(runs) == 1 else run_dir.name
     report_dir = reports / run_dir.name
-    return {"report": _link(title, report_dir, prefix, every, f"attnbench report {run_dir}"),
+    return {"report": _link(title, report_dir, prefix, every, f"attnbench report {run_dir}",
+                            pooled),
             "device": " / ".join(dict.fromkeys(r.device for r in runs)),
             "suite": run.suite or "-", "date": run.date,
             "headline": Report(runs, report_dir).short_headline()}
@@ -157,6 +167,7 @@ def build_index(results: str | Path = "results", reports: str | Path = "reports"
             build_report(members, d)
         for d in models:
             model_report.write_model_report(d, reports / d.name)
+    pooled_in = {m.name: d for d, members in pooled for m in members}
     out, prefix = (reports / ALL_RUNS, "../") if every else (reports, "")
     out.mkdir(exist_ok=True)
     which = "every run" if every else "the published runs (tracked by git or marked PUBLISH)"
@@ -170,7 +181,7 @@ def build_index(results: str | Path = "results", reports: str | Path = "reports"
     ]
     for heading, rows in (
             ("Pooled reports", [_pooled_row(d, m, prefix, every) for d, m in pooled]),
-            ("Runs", [_row(d, reports, prefix, every) for d in runs]),
+            ("Runs", [_row(d, reports, prefix, every, pooled_in.get(d.name)) for d in runs]),
             ("Model runs", [_model_row(d, reports, prefix, every) for d in models])):
         if rows:
             blocks += [Heading(2, heading), Table(pd.DataFrame(rows))]

@@ -135,10 +135,11 @@ def _blank_unread_params(d: pd.DataFrame, lines: list[str]) -> None:
     if "backend" not in d.columns:
         return
     from attnbench.core.registry import all_backends
+    from attnbench.reporting.lines import reads
     known = all_backends()
     masks = d["mask"].astype(str) if "mask" in d.columns else pd.Series("", index=d.index)
     for c in [c for c in lines if c in knobs.BUILT_IN]:
-        unread = pd.Series([b in known and not known[b].reads_knob(c, m)
+        unread = pd.Series([not reads(known, b, c, m)
                             for b, m in zip(d["backend"].astype(str), masks)], index=d.index)
         if not unread.any():
             continue
