@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the runs are of {len(commits)} commits ({', '.join(commits)}); the "
               f"counts assume one")
     result = rerun_agreement.agreement([(r.run_id, r.records) for r in runs], args.threshold)
-    for line in result.lines(run_diff.run_device(runs[0].records)):
+    lines = result.lines(run_diff.run_device(runs[0].records))
+    for line in lines[:1] + rerun_agreement.machine_states([r.meta for r in runs]) + lines[1:]:
         print(line)
     return 0
 

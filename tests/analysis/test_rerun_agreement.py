@@ -118,3 +118,21 @@ def test_the_marker_is_set_for_triton_backends_under_the_interpreter():
 def test_compare_calls_no_change_on_a_record_unsteady_by_its_own_samples():
     r = {"noisy_by_base": "probe+samples", "noisy_by_new": "probe"}
     assert run_diff.unsteady(r) and not run_diff.unsteady({"noisy_by_new": "probe"})
+
+
+def test_machine_states_name_each_runs_ceiling_and_probe_and_their_spread():
+    metas = [{"ceilings": {"matmul_tflops": {"float32": 0.156}}, "probe": {"gflops_median": 101}},
+             {"ceilings": {"matmul_tflops": {"float32": 0.159}}, "probe": {"gflops_median": 111}},
+             {"ceilings": {"matmul_tflops": {"float32": 0.197}}, "probe": {"gflops_median": 122}}]
+    assert rerun_agreement.machine_states(metas) == [
+        "machine per run: matmul ceiling float32 0.156, 0.159, 0.197 TFLOP/s "
+        "(largest / smallest 1.26x)",
+        "machine per run: drift probe 101, 111, 122 GFLOP/s (largest / smallest 1.21x)"]
+
+
+def test_machine_states_leave_out_what_a_run_did_not_measure():
+    metas = [{"ceilings": {"matmul_tflops": {"float32": 0.2}}},
+             {"ceilings": {"matmul_tflops": {"float32": 0.2, "bfloat16": 1.0}},
+              "probe": {"gflops_median": 120}}]
+    assert rerun_agreement.machine_states(metas) == [
+        "machine per run: matmul ceiling float32 0.2, 0.2 TFLOP/s (largest / smallest 1x)"]

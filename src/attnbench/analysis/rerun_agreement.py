@@ -166,6 +166,29 @@ class Agreement:
         return out
 
 
+def machine_states(metas: list[dict]) -> list[str]:
+    """What each run measured of the machine at its start (matmul ceiling per dtype) and
+    throughout (the drift probe's median), with the largest over the smallest: runs whose
+    machine read differently are not replicates of one state, and the counts above say
+    how far the method carries that, not how steady the code is."""
+    out = []
+    ceilings = [(m.get("ceilings") or {}).get("matmul_tflops") or {} for m in metas]
+    for dtype in sorted(set().union(*ceilings)):
+        out.append(_spread_line(f"matmul ceiling {dtype}", "TFLOP/s",
+                                [c.get(dtype) for c in ceilings]))
+    out.append(_spread_line("drift probe", "GFLOP/s",
+                            [(m.get("probe") or {}).get("gflops_median") for m in metas]))
+    return [line for line in out if line]
+
+
+def _spread_line(what: str, unit: str, values: list) -> str | None:
+    """'what a, b, c unit (largest / smallest 1.26x)'; None unless every run has a value."""
+    if not values or any(not v or v <= 0 for v in values):
+        return None
+    return (f"machine per run: {what} {', '.join(f'{v:.3g}' for v in values)} {unit} "
+            f"(largest / smallest {max(values) / min(values):.3g}x)")
+
+
 def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
               factor: float = PLANTED) -> Agreement:
     """The counts over every pair of ``runs`` (label, records), in the order given."""
