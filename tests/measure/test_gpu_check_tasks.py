@@ -52,7 +52,9 @@ def test_an_unknown_task_kind_is_refused():
 
 
 _CALLER = """
-import sys, time
+import signal, sys, time
+# as gpu_correctness.py: its own SIGINT handler, since a background start may ignore SIGINT
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, sys.argv[1])
 import hang_task
 from attnbench.measure import correctness
