@@ -169,15 +169,15 @@ class Agreement:
 def machine_states(metas: list[dict]) -> list[str]:
     """What each run measured of the machine at its start (matmul ceiling per dtype) and
     throughout (the drift probe's median), with the largest over the smallest: runs whose
-    machine read differently are not replicates of one state, and the counts above say
-    how far the method carries that, not how steady the code is."""
+    machine read differently are not replicates of one state, and their counts say how
+    far the method carries that, not how steady the code is."""
     out = []
-    ceilings = [(m.get("ceilings") or {}).get("matmul_tflops") or {} for m in metas]
+    ceilings = [run_diff.matmul_ceilings(m) for m in metas]
     for dtype in sorted(set().union(*ceilings)):
         out.append(_spread_line(f"matmul ceiling {dtype}", "TFLOP/s",
                                 [c.get(dtype) for c in ceilings]))
     out.append(_spread_line("drift probe", "GFLOP/s",
-                            [(m.get("probe") or {}).get("gflops_median") for m in metas]))
+                            [run_diff.probe_rate(m) for m in metas]))
     return [line for line in out if line]
 
 

@@ -310,11 +310,20 @@ def ratio_text(r) -> str:
     return f", ratio {value:.3g}" if value is not None and math.isfinite(value) else ""
 
 
+def matmul_ceilings(meta: dict) -> dict:
+    """A run's matmul ceiling per dtype, TFLOP/s, measured at its start ({} if none)."""
+    return (meta.get("ceilings") or {}).get("matmul_tflops") or {}
+
+
+def probe_rate(meta: dict) -> float | None:
+    """A run's drift probe median, GFLOP/s (None if it ran no probe)."""
+    return (meta.get("probe") or {}).get("gflops_median")
+
+
 def ceiling_move(base_meta: dict, new_meta: dict) -> list[str]:
     """The matmul ceilings measured at the start of each run, per dtype: 'float32 0.52 ->
     0.41 TFLOP/s (1.27x slower)'; information beside the machine's move."""
-    a = (base_meta.get("ceilings") or {}).get("matmul_tflops") or {}
-    b = (new_meta.get("ceilings") or {}).get("matmul_tflops") or {}
+    a, b = matmul_ceilings(base_meta), matmul_ceilings(new_meta)
     out = []
     for dtype in sorted(set(a) & set(b)):
         if a[dtype] and b[dtype]:
@@ -325,8 +334,7 @@ def ceiling_move(base_meta: dict, new_meta: dict) -> list[str]:
 
 def probe_move(base_meta: dict, new_meta: dict) -> str | None:
     """The drift probe's median rate in each run, as a time factor."""
-    a = (base_meta.get("probe") or {}).get("gflops_median")
-    b = (new_meta.get("probe") or {}).get("gflops_median")
+    a, b = probe_rate(base_meta), probe_rate(new_meta)
     if not a or not b:
         return None
     return f"drift probe {a:.3g} -> {b:.3g} GFLOP/s ({a / b:.3g}x the time)"
