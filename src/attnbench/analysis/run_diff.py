@@ -19,7 +19,11 @@ their median ratio is the machine's move, and every record is judged by its rati
 that move (a ratio of ratios), so a machine 1.3x slower does not read as a regression of
 every backend. When both witnesses exist and disagree (more than ``WITNESS_GAP`` apart,
 intervals disjoint), a record whose answer depends on which one is divided out gets
-``cannot tell``.
+``cannot tell``. So does a record whose answer depends on which unchanged backend's move is
+divided out, when some unchanged backends, measured at the same commit with the same
+software in both runs, moved unlike the majority beyond the run-to-run allowance (an uneven
+move: a machine whose memory bandwidth and compute moved by different amounts cannot be
+divided out as one number).
 """
 
 from __future__ import annotations
@@ -31,17 +35,22 @@ import pandas as pd
 
 from attnbench.core import metrics
 from attnbench.core.record import timed_under
+from attnbench.runs import environment
 from attnbench.stats import intervals, run_to_run, significance
 
 SAMPLED = {"time_ms_median"}  # metrics whose raw samples records keep (samples_ms)
 MIN_REFERENCES = 6  # reference records the machine's move needs (a 95% interval of it)
 WITNESS_GAP = 1.25  # the two witnesses of the machine's move disagree beyond this factor
+MIN_UNEVEN = 3  # records an unchanged backend needs to witness an uneven move
 CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
+# The record fields that name what a record was measured with (commit, software, device): an
+# unchanged backend that moved unlike the others with all of these equal moved with the machine.
+SAME_SETUP = tuple(f"env_{k}" for k in environment.RECORD_FIELDS)
 
 
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
-            "probe_gflops", "device", "timed_under", "kernel", "noisy_by"]
+            "probe_gflops", "device", "timed_under", "kernel", "noisy_by", *SAME_SETUP]
     base, new = migrated_keys(base, new)
     b = base[[c for c in cols if c in base.columns]]
     n = new[[c for c in cols if c in new.columns]]
@@ -116,12 +125,19 @@ class MachineMove:
     ``interval`` of the median ratio new / base over ``n`` references, from ``source``.
     ``between`` is the run-to-run half-width (log scale) the unchanged references show
     (None: none to estimate it from). ``other`` is the second witness when it disagrees
-    with this one."""
+    with this one. ``uneven`` holds the moves of unchanged backends that moved unlike the
+    majority (``uneven_moves``), each a witness too."""
 
     interval: intervals.Interval
     source: str  # "unchanged backends" or "drift probe"
     between: float | None = None
     other: MachineMove | None = None
+    uneven: tuple[tuple[str, intervals.Interval], ...] = ()
+
+    def witnesses(self) -> list[float]:
+        """Every move a record's ratio is divided by to see whether its answer holds."""
+        out = [self.interval.estimate] + [iv.estimate for _, iv in self.uneven]
+        return out + ([self.other.interval.estimate] if self.other is not None else [])
 
     def describe(self) -> str:
         iv = self.interval
@@ -134,6 +150,12 @@ class MachineMove:
             text += (f"; but the WITNESSES DISAGREE: {self.other.source} says {o.estimate:.3g}x "
                      f"[{o.low:.3g}, {o.high:.3g}], more than {WITNESS_GAP:g}x apart, so a "
                      f"record whose answer depends on which is divided out is 'cannot tell'")
+        if self.uneven:
+            moved = ", ".join(f"{b} {iv.estimate:.3g}x [{iv.low:.3g}, {iv.high:.3g}]"
+                              for b, iv in self.uneven)
+            text += (f"; but the machine MOVED UNEVENLY: unchanged {moved} moved unlike the "
+                     f"majority, so a record whose answer depends on which move is divided out "
+                     f"is 'cannot tell'")
         return text
 
 
@@ -195,13 +217,48 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
             own = [_sample_interval(r) for _, r in agreed.iterrows()]
             between = run_to_run.spread_from_replicates(
                 ratios, [iv for iv in own if iv is not None])
-            move = MachineMove(intervals.median_interval(ratios),
-                               f"{len(agree)} of {len(moves)} unchanged backends that agree",
-                               between)
-            if probe is not None and witnesses_disagree(move.interval, probe.interval):
-                return MachineMove(move.interval, move.source, between, probe)
-            return move
+            majority = intervals.median_interval(ratios)
+            uneven = uneven_moves(refs[~refs["backend"].isin(agree)], majority, between)
+            other = probe if probe is not None and witnesses_disagree(majority, probe.interval) \
+                else None
+            return MachineMove(majority, f"{len(agree)} of {len(moves)} unchanged backends "
+                               "that agree", between, other, uneven)
     return probe
+
+
+def _same_setup(r) -> bool:
+    """Whether a joined record names the same commit, software and device on both sides
+    (``SAME_SETUP``); a record that does not say cannot show that only the machine moved."""
+    for f in SAME_SETUP:
+        a, b = r.get(f"{f}_base"), r.get(f"{f}_new")
+        if a is None or b is None or pd.isna(a) or pd.isna(b) or str(a) != str(b):
+            return False
+    return True
+
+
+def uneven_moves(dissent: pd.DataFrame, majority: intervals.Interval, between: float | None
+                 ) -> tuple[tuple[str, intervals.Interval], ...]:
+    """The moves of unchanged backends outside the agreeing majority that moved unlike it:
+    measured at the same commit with the same software on both sides (``_same_setup``: only
+    the machine moved them), at least
+    ``MIN_UNEVEN`` records, their median move farther from the majority's than the
+    run-to-run allowance and its interval excluding the majority's move. Empty when the
+    machine moved evenly."""
+    out = []
+    if dissent.empty:
+        return ()
+    same = dissent[[_same_setup(r) for _, r in dissent.iterrows()]]
+    for backend, g in same.groupby("backend"):
+        ratios = g["ratio"].astype(float).tolist()
+        if len(ratios) < MIN_UNEVEN:
+            continue
+        iv = intervals.median_interval(ratios)
+        device = next((d for d in g.get("device_new", []) if isinstance(d, str)), None)
+        far = abs(math.log(iv.estimate / majority.estimate)) > run_to_run.half_width(
+            between, device)
+        if far and not iv.low <= majority.estimate <= iv.high:
+            out.append((str(backend), iv))
+    return tuple(out)
 
 
 def _probe_witness(both_ok: pd.DataFrame) -> MachineMove | None:
@@ -227,13 +284,13 @@ def _sample_interval(r) -> intervals.Interval | None:
     return intervals.ratio_interval(b, a) if a and b else None
 
 
-def _relative(iv: intervals.Interval, move: MachineMove) -> intervals.Interval:
-    """A record's ratio over the machine's move: the interval divided by the move's median.
+def _relative(iv: intervals.Interval, m: float) -> intervals.Interval:
+    """A record's ratio over the machine's move: the interval divided by the move's median
+    ``m``.
 
     The move's own interval is shown but not propagated: it is the median over many
     records, and its order-statistics interval spans the records that did change (a third
     of them changed 3x: its upper bound is 3), which would hide exactly those changes."""
-    m = move.interval.estimate
     return intervals.Interval(iv.estimate / m, iv.low / m, iv.high / m, iv.confidence, iv.n,
                               iv.method + "/machine")
 
@@ -248,9 +305,9 @@ def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold
                                                       device))
     if move is None:
         return significance.decide(wide, threshold, lower), wide
-    verdict = significance.decide(_relative(wide, move), threshold, lower)
-    if move.other is not None and \
-            significance.decide(_relative(wide, move.other), threshold, lower) != verdict:
+    verdict = significance.decide(_relative(wide, move.interval.estimate), threshold, lower)
+    if any(significance.decide(_relative(wide, m), threshold, lower) != verdict
+           for m in move.witnesses()[1:]):
         verdict = significance.CANNOT_TELL
     return verdict, wide
 
