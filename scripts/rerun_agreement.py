@@ -38,8 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the runs are of {len(commits)} commits ({', '.join(commits)}); the "
               f"counts assume one")
     result = rerun_agreement.agreement([(r.run_id, r.records) for r in runs], args.threshold)
-    lines = result.lines(run_diff.run_device(runs[0].records))
-    for line in lines[:1] + rerun_agreement.machine_states([r.meta for r in runs]) + lines[1:]:
+    device = run_diff.run_device(runs[0].records)
+    lines = result.lines(device)
+    state = rerun_agreement.one_state_line([(r.meta, r.records) for r in runs], device)
+    machine = rerun_agreement.machine_states([r.meta for r in runs]) + ([state] if state else [])
+    for line in lines[:1] + machine + lines[1:]:
         print(line)
     return 0
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnbench.analysis import run_diff
+from attnbench.analysis import machine_state, run_diff
 from attnbench.core.record import speed_records
 from attnbench.stats import ratios, run_to_run
 from attnbench.stats.intervals import Interval
@@ -179,6 +179,20 @@ def machine_states(metas: list[dict]) -> list[str]:
     out.append(_spread_line("drift probe", "GFLOP/s",
                             [run_diff.probe_rate(m) for m in metas]))
     return [line for line in out if line]
+
+
+def one_state_line(runs: list[tuple[dict, pd.DataFrame]], device=None) -> str | None:
+    """Whether the runs (meta, records) were measured on one machine state, by the drift
+    probe (``machine_state.between_runs``); None when a run has no probe."""
+    if any(machine_state.run_level(m, r) is None for m, r in runs):
+        return None
+    moved = machine_state.between_runs(runs, device)
+    if moved is None:
+        return (f"machine: one state across the runs (drift probe within the "
+                f"{machine_state.limit(device):.3g}x two runs of unchanged code may differ by)")
+    return "machine: NOT one state: " + machine_state.between_runs_text(
+        moved, [run_diff.matmul_ceilings(m) for m, _ in runs], device).removeprefix(
+        "machine differed between the runs: ")
 
 
 def _spread_line(what: str, unit: str, values: list) -> str | None:

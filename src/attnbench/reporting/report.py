@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.analysis import comparisons
+from attnbench.analysis import comparisons, machine_state, run_diff
 from attnbench.analysis.claims import claims_table, pooled_table
 from attnbench.analysis.comparisons import Comparison
 from attnbench.core import metrics
@@ -127,11 +127,27 @@ class Report:
             counts = pooled["verdict"].value_counts()
             out.append(f"goals pooled over {len(self.runs)} runs: "
                        + ", ".join(f"{n} {v}" for v, n in counts.items()))
+        out += self.machine_lines()
         for line in (answers.dense_layout_text(self.df), findings.unsteady_headline(self.df),
                      findings.coverage_headline(self.df)):
             if line:
                 out.append(line)
         return out + inputs_error.headlines(self.df)
+
+    def machine_lines(self) -> list[str]:
+        """Where the machine moved beyond what two runs may differ by: during a run (the
+        drift probe's level over its quarters), or between runs of one device read
+        together (runs of different devices are compared on purpose, not replicates)."""
+        device = run_diff.run_device(self.df)
+        out = [machine_state.within_run_text(run.label, moved, device) for run in self.runs
+               if (moved := machine_state.within_run(run.records, device)) is not None]
+        if len(self.runs) > 1 and len({r.device for r in self.runs}) == 1:
+            moved = machine_state.between_runs([(r.meta, r.records) for r in self.runs],
+                                               device)
+            if moved is not None:
+                out.append(machine_state.between_runs_text(
+                    moved, [run_diff.matmul_ceilings(r.meta) for r in self.runs], device))
+        return out
 
     def verdicts(self, run: dataset.Run) -> str | None:
         return findings.claim_verdicts(run.records.assign(run_id=run.label),
