@@ -240,13 +240,12 @@ def uneven_moves(dissent: pd.DataFrame, majority: intervals.Interval, between: f
                  ) -> tuple[tuple[str, intervals.Interval], ...]:
     """The moves of unchanged backends outside the agreeing majority that moved unlike it:
     measured at the same commit with the same software on both sides (``_same_setup``: only
-    the machine moved them), at least
-    ``MIN_UNEVEN`` records, their median move farther from the majority's than the
-    run-to-run allowance and its interval excluding the majority's move. Empty when the
-    machine moved evenly."""
-    out = []
+    the machine moved them), at least ``MIN_UNEVEN`` records, their median move farther
+    from the majority's than the run-to-run allowance and its interval excluding the
+    majority's move. Empty when the machine moved evenly."""
     if dissent.empty:
         return ()
+    out = []
     same = dissent[[_same_setup(r) for _, r in dissent.iterrows()]]
     for backend, g in same.groupby("backend"):
         ratios = g["ratio"].astype(float).tolist()
