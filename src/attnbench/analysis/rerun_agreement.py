@@ -105,11 +105,12 @@ def count_disjoint(per_run: list[dict[tuple, Interval]], devices: list, what: st
 
 def compare_counts(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.10
                    ) -> pd.DataFrame:
-    """``compare``'s decided table of two runs, as the command makes it (machine's move
-    divided out)."""
+    """``compare``'s decided table of two runs, as the command makes it (each record over its
+    unchanged partners in the same rounds, else over the machine's move)."""
     joined = run_diff.join_runs(base, new, METRIC)
     move = run_diff.machine_move(joined, METRIC, threshold)
-    return run_diff.decide(joined, METRIC, threshold, move)
+    return run_diff.decide(joined, METRIC, threshold, move,
+                           run_diff.partner_changes(base, new))
 
 
 def planted(new: pd.DataFrame, backend: str, factor: float = PLANTED) -> pd.DataFrame:

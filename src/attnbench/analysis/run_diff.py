@@ -13,6 +13,13 @@ threshold) and ``cannot tell`` (neither, or fewer than ``MIN_SAMPLES`` samples a
 Without samples (memory, TFLOP/s), the threshold alone decides. A record that was ``ok``
 and is not ``ok`` now broke.
 
+A record timed in interleaved rounds with at least two partners whose code did not change
+is judged by its change over them (``paired_diff``: the machine's move in those rounds
+divides out, even a move the rest of the run did not share), widened by the run-to-run
+allowance of a ratio (estimated from the unchanged records' changes over their partners,
+never below two runs' declared ratio allowance). Every other record is judged against the
+machine's move.
+
 The machine is separated from the code: when references were measured in both runs --
 records of backends whose code did not change (``backend_hash``), else the drift probe --
 their median ratio is the machine's move, and every record is judged by its ratio over
@@ -33,8 +40,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.analysis import paired_diff
 from attnbench.core import metrics
 from attnbench.core.record import timed_under
+from attnbench.measure.budget import TimingBudget
 from attnbench.runs import environment
 from attnbench.stats import intervals, run_to_run, significance
 
@@ -42,6 +51,7 @@ SAMPLED = {"time_ms_median"}  # metrics whose raw samples records keep (samples_
 MIN_REFERENCES = 6  # reference records the machine's move needs (a 95% interval of it)
 WITNESS_GAP = 1.25  # the two witnesses of the machine's move disagree beyond this factor
 MIN_UNEVEN = 3  # records an unchanged backend needs to witness an uneven move
+UNSTEADY_REL = TimingBudget().unsteady_rel  # a change over partners scattered beyond this
 CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
 # The record fields that name what a record was measured with (commit, software, device): an
 # unchanged backend that moved unlike the others with all of these equal moved with the machine.
@@ -176,6 +186,17 @@ def run_device(df: pd.DataFrame):
     return str(df["device"].dropna().iloc[0])
 
 
+def _joined_device(joined: pd.DataFrame):
+    """The device the new side of joined records was measured on (None if unsaid)."""
+    return next((d for d in joined.get("device_new", []) if isinstance(d, str)), None)
+
+
+def partner_changes(base: pd.DataFrame, new: pd.DataFrame) -> dict:
+    """Each record's change over its unchanged partners timed in the same rounds
+    (``paired_diff.relative_changes``), keyed as ``join_runs`` keys them."""
+    return paired_diff.relative_changes(*migrated_keys(base, new))
+
+
 def _agreeing_backends(moves: dict[str, float], tolerance: float) -> list[str]:
     """The largest set of backends whose median moves agree within ``tolerance`` of one of
     them, when it is a strict majority; else [] (the references disagree: half the backends
@@ -252,7 +273,7 @@ def uneven_moves(dissent: pd.DataFrame, majority: intervals.Interval, between: f
         if len(ratios) < MIN_UNEVEN:
             continue
         iv = intervals.median_interval(ratios)
-        device = next((d for d in g.get("device_new", []) if isinstance(d, str)), None)
+        device = _joined_device(g)
         far = abs(math.log(iv.estimate / majority.estimate)) > run_to_run.half_width(
             between, device)
         if far and not iv.low <= majority.estimate <= iv.high:
@@ -311,17 +332,42 @@ def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold
     return verdict, wide
 
 
+def _partners_verdict(rel: paired_diff.Relative, between: float, threshold: float,
+                      lower: bool) -> tuple[str, intervals.Interval]:
+    """The verdict on a record's change over its unchanged partners in the same rounds,
+    widened by the run-to-run allowance of a ratio; 'cannot tell' when either side's
+    relative times scatter beyond ``UNSTEADY_REL`` (so few scattered rounds are no base
+    for a verdict)."""
+    wide = run_to_run.widen(rel.interval, between)
+    if max(rel.reach) > UNSTEADY_REL:
+        return significance.CANNOT_TELL, wide
+    return significance.decide(wide, threshold, lower), wide
+
+
+def partners_between(relative: dict, joined: pd.DataFrame, device=None) -> float:
+    """The between-run half-width (log scale) for changes over partners: what the unchanged
+    records' relative changes show, never below two runs' declared ratio allowance."""
+    unchanged = {(r["key"], r["backend"]) for _, r in joined.iterrows() if _code_unchanged(r)}
+    return run_to_run.half_width(paired_diff.unchanged_spread(relative, unchanged), device,
+                                 "ratio")
+
+
 def decide(joined: pd.DataFrame, metric: str, threshold: float,
-           move: MachineMove | None = None) -> pd.DataFrame:
+           move: MachineMove | None = None, relative: dict | None = None) -> pd.DataFrame:
     """Adds ``change`` (worse/better/unchanged/cannot tell/broke/fixed/-), the ratio's
     interval widened by the run-to-run allowance (``ratio_low/high``), ``vs_machine`` (the
-    ratio over the machine's move, when ``move`` is given, which then decides) and
-    ``code_changed``."""
+    ratio over the machine's move, when ``move`` is given), ``vs_partners`` (the change over
+    the record's unchanged partners timed in the same rounds, from ``relative``:
+    ``paired_diff.relative_changes``; it decides where it exists, ``vs_machine`` elsewhere)
+    with its interval (``partners_low/high``), and ``code_changed``."""
     m = metrics.get(metric)
     lower = m.better == metrics.LOWER
+    relative = relative if metric in SAMPLED and relative else {}
+    between = partners_between(relative, joined, _joined_device(joined)) if relative else 0.0
     rows = []
     for _, r in joined.iterrows():
-        out = {"change": "-", "ratio_low": None, "ratio_high": None, "vs_machine": None}
+        out = {"change": "-", "ratio_low": None, "ratio_high": None, "vs_machine": None,
+               "vs_partners": None, "partners_low": None, "partners_high": None}
         sb, sn = r.get("status_base"), r.get("status_new")
         if sb == "ok" and isinstance(sn, str) and sn != "ok":
             out["change"] = "broke"
@@ -329,7 +375,18 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
             out["change"] = "fixed"
         elif sb == "ok" and sn == "ok" and pd.notna(r.get("ratio")):
             iv = _sample_interval(r) if metric in SAMPLED else None
-            if not speed_ok(r) or (iv is not None and unsteady(r)):
+            rel = relative.get((r["key"], r["backend"]))
+            if not speed_ok(r):
+                out["change"] = significance.CANNOT_TELL
+            elif iv is not None and rel is not None:
+                out["change"], wide = _partners_verdict(rel, between, threshold, lower)
+                raw = run_to_run.widen(iv, run_to_run.half_width(
+                    move.between if move else None, r.get("device_new")))
+                out.update(ratio_low=raw.low, ratio_high=raw.high, vs_partners=wide.estimate,
+                           partners_low=wide.low, partners_high=wide.high)
+                if move is not None:
+                    out["vs_machine"] = iv.estimate / move.interval.estimate
+            elif iv is not None and unsteady(r):
                 out["change"] = significance.CANNOT_TELL
             elif iv is not None:
                 device = r.get("device_new", r.get("device_base"))

@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    import math
+
     import pandas as pd
 
     from attnbench.analysis import run_diff
@@ -62,11 +64,13 @@ def run(args) -> int:
     joined = run_diff.join_runs(base, new, args.metric)
     move = None if args.absolute else run_diff.machine_move(joined, args.metric,
                                                            args.threshold)
-    decided = run_diff.decide(joined, args.metric, args.threshold, move)
+    relative = {} if args.absolute else run_diff.partner_changes(base, new)
+    decided = run_diff.decide(joined, args.metric, args.threshold, move, relative)
     shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
+    paired = int(decided["vs_partners"].notna().sum())
     cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio",
-            "ratio_low", "ratio_high", *(["vs_machine"] if move else []), "change",
-            "code_changed"]
+            "ratio_low", "ratio_high", *(["vs_machine"] if move else []),
+            *(["vs_partners"] if paired else []), "change", "code_changed"]
     if not shown.empty:
         print(shown[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     print()
@@ -76,6 +80,12 @@ def run(args) -> int:
     device = run_diff.run_device(new)
     print("ratio_low/high: intervals across runs (within-run widened by the between-run "
           "allowance); records timed under an interpreter are no speed: cannot tell")
+    if paired:
+        between = run_diff.partners_between(relative, joined, device)
+        print(f"vs_partners: {paired} records judged by their change over their unchanged "
+              f"partners timed in the same rounds (the machine's move in those rounds "
+              f"divides out), across runs +-{math.expm1(between):.0%}; the others by "
+              f"{'vs_machine' if move else 'their raw ratio'}")
     unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
     only_new = decided[decided["status_base"].isna()]

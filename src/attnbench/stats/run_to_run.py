@@ -78,10 +78,11 @@ def across_runs(iv: Interval, device=None, what: str = "record") -> Interval:
     return widen(iv, allowance(device, what))
 
 
-def two_runs(device=None) -> float:
-    """The between-run half-width (log scale) of one record's ratio between two runs: each
-    run's record allowance, in quadrature."""
-    return math.sqrt(2) * allowance(device, "record")
+def two_runs(device=None, what: str = "record") -> float:
+    """The between-run half-width (log scale) of one record's ratio between two runs (or,
+    ``what`` 'ratio', of a ratio of two records timed in the same rounds): each run's
+    allowance, in quadrature."""
+    return math.sqrt(2) * allowance(device, what)
 
 
 def estimate(pairs: list[tuple[Interval, Interval]], level: float = LEVEL) -> float | None:
@@ -122,10 +123,10 @@ def spread_from_replicates(ratios: list[float], intervals: list[Interval],
     return math.sqrt(max(0.0, reach ** 2 - own ** 2))
 
 
-def half_width(replicates: float | None = None, device=None) -> float:
+def half_width(replicates: float | None = None, device=None, what: str = "record") -> float:
     """The between-run 95% half-width (log scale) a comparison of two runs allows: the
     replicates' estimate when there is one, never less than ``two_runs`` of the device."""
-    floor = two_runs(device)
+    floor = two_runs(device, what)
     return floor if replicates is None else max(floor, replicates)
 
 
