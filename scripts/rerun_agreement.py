@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     result = rerun_agreement.agreement([(r.run_id, r.records) for r in runs], args.threshold)
     device = run_diff.run_device(runs[0].records)
     lines = result.lines(device)
-    state = rerun_agreement.one_state_line([(r.meta, r.records) for r in runs], device)
+    state = rerun_agreement.one_state_line([(r.run_id, r.meta, r.records) for r in runs],
+                                           device)
     machine = rerun_agreement.machine_states([r.meta for r in runs]) + ([state] if state else [])
     for line in lines[:1] + machine + lines[1:]:
         print(line)

@@ -70,9 +70,15 @@ def test_a_run_without_the_probe_in_its_meta_reads_its_records():
 
 
 def test_rerun_agreement_says_whether_the_runs_were_one_machine_state():
-    one = [({"probe": {"gflops_median": g}}, pd.DataFrame()) for g in (122, 123)]
+    steady = _records([120.0] * 12)
+    one = [(f"r{i}", {"probe": {"gflops_median": g}}, steady) for i, g in enumerate((122, 123))]
     assert rerun_agreement.one_state_line(one, "cpu").startswith("machine: one state")
-    two = [({"probe": {"gflops_median": g}}, pd.DataFrame()) for g in (101, 122)]
+    two = [(f"r{i}", {"probe": {"gflops_median": g}}, steady) for i, g in enumerate((101, 122))]
     assert rerun_agreement.one_state_line(two, "cpu").startswith(
         "machine: NOT one state: drift probe 101, 122 GFLOP/s")
-    assert rerun_agreement.one_state_line([({}, pd.DataFrame())] * 2, "cpu") is None
+    moving = _records([120.0] * 9 + [100.0] * 3)
+    during = [("r0", {"probe": {"gflops_median": 120}}, moving), one[1]]
+    line = rerun_agreement.one_state_line(during, "cpu")
+    assert line.startswith("machine: NOT one state: moved during r0 (quarters 120, 120, 120, "
+                           "100 GFLOP/s, 1.2x)")
+    assert rerun_agreement.one_state_line([("r", {}, pd.DataFrame())] * 2, "cpu") is None

@@ -182,18 +182,29 @@ def machine_states(metas: list[dict]) -> list[str]:
     return [line for line in out if line]
 
 
-def one_state_line(runs: list[tuple[dict, pd.DataFrame]], device=None) -> str | None:
-    """Whether the runs (meta, records) were measured on one machine state, by the drift
-    probe (``machine_state.between_runs``); None when a run has no probe."""
-    if any(machine_state.run_level(m, r) is None for m, r in runs):
+def one_state_line(runs: list[tuple[str, dict, pd.DataFrame]], device=None) -> str | None:
+    """Whether the runs (label, meta, records) were measured on one machine state, by the
+    drift probe: between the runs (``machine_state.between_runs``) and during each
+    (``machine_state.within_run``); None when a run has no probe."""
+    if any(machine_state.run_level(m, r) is None for _, m, r in runs):
         return None
-    moved = machine_state.between_runs(runs, device)
-    if moved is None:
-        return (f"machine: one state across the runs (drift probe within the "
-                f"{machine_state.limit(device):.3g}x two runs of unchanged code may differ by)")
-    return "machine: NOT one state: " + machine_state.between_runs_text(
-        moved, [run_diff.matmul_ceilings(m) for m, _ in runs], device).removeprefix(
-        "machine differed between the runs: ")
+    limit = machine_state.limit(device)
+    why = []
+    moved = machine_state.between_runs([(m, r) for _, m, r in runs], device)
+    if moved is not None:
+        why.append(machine_state.between_runs_text(
+            moved, [run_diff.matmul_ceilings(m) for _, m, _ in runs], device).removeprefix(
+            "machine differed between the runs: "))
+    during = [(label, w) for label, _, r in runs
+              if (w := machine_state.within_run(r, device)) is not None]
+    if during:
+        why.append("moved during " + ", ".join(
+            f"{label} (quarters {w.levels_text()} GFLOP/s, {w.factor:.3g}x)"
+            for label, w in during) + f", beyond {limit:.3g}x")
+    if why:
+        return "machine: NOT one state: " + "; ".join(why)
+    return (f"machine: one state (drift probe within the {limit:.3g}x two runs of unchanged "
+            f"code may differ by, between the runs and over each run's quarters)")
 
 
 def _spread_line(what: str, unit: str, values: list) -> str | None:
