@@ -8,6 +8,7 @@ pair, and whether a planted slowdown of one backend is found
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 from attnbench.analysis import rerun_agreement, run_diff
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(commits) > 1:
         print(f"note: the runs are of {len(commits)} commits ({', '.join(commits)}); the "
               f"counts assume one")
-    result = rerun_agreement.agreement([(r.run_id, r.records) for r in runs], args.threshold)
+    same = all(run_diff.same_setup(a.meta, b.meta) for a, b in itertools.combinations(runs, 2))
+    result = rerun_agreement.agreement([(r.run_id, r.records) for r in runs], args.threshold,
+                                       same_setup=same)
     device = run_diff.run_device(runs[0].records)
     lines = result.lines(device)
     state = rerun_agreement.one_state_line([(r.run_id, r.meta, r.records) for r in runs],

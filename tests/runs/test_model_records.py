@@ -50,7 +50,8 @@ BASE_MS = {"eager": 4.0, "sdpa": 3.0, "naive": 6.0}
 
 def fake_measurement(monkeypatch, slower: dict[str, float] | None = None) -> list[tuple]:
     """``records_of`` replaced by known samples (8 rounds, +-2% around a backend's time,
-    times ``slower``); returns the (model, N, steps, backends) each call measured."""
+    times ``slower``, as a change of that backend's code would: its hash changes too);
+    returns the (model, N, steps, backends) each call measured."""
     slower = slower or {}
     calls: list[tuple] = []
 
@@ -62,7 +63,8 @@ def fake_measurement(monkeypatch, slower: dict[str, float] | None = None) -> lis
                 ms = BASE_MS[b] * slower.get(b, 1.0) * job.seq_len / 16
                 samples = [ms * (1 + 0.01 * ((3 * i) % 5 - 2)) for i in range(8)]
                 cols = step_columns(Timing(samples, "max_reps"), TimingBudget())
-                out.append(Record.new(job.case(step), b, "ok", backend_hash=f"h-{b}",
+                code = f"h-{b}" + ("-changed" if b in slower else "")
+                out.append(Record.new(job.case(step), b, "ok", backend_hash=code,
                                       weights="random", semantics="exact", **cols))
         return out
 

@@ -103,12 +103,12 @@ def count_disjoint(per_run: list[dict[tuple, Interval]], devices: list, what: st
     return out, pairs
 
 
-def compare_counts(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.10
-                   ) -> pd.DataFrame:
+def compare_counts(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.10,
+                   same_setup: bool = False) -> pd.DataFrame:
     """``compare``'s decided table of two runs, as the command makes it (each record over its
     unchanged partners in the same rounds, else over the machine's move)."""
     joined = run_diff.join_runs(base, new, METRIC)
-    move = run_diff.machine_move(joined, METRIC, threshold)
+    move = run_diff.machine_move(joined, METRIC, threshold, same_setup)
     return run_diff.decide(joined, METRIC, threshold, move,
                            run_diff.partner_changes(base, new))
 
@@ -216,8 +216,9 @@ def _spread_line(what: str, unit: str, values: list) -> str | None:
 
 
 def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
-              factor: float = PLANTED) -> Agreement:
-    """The counts over every pair of ``runs`` (label, records), in the order given."""
+              factor: float = PLANTED, same_setup: bool = False) -> Agreement:
+    """The counts over every pair of ``runs`` (label, records), in the order given;
+    ``same_setup``: the runs share one setup (``run_diff.same_setup`` of every pair)."""
     devices = [run_diff.run_device(df) for _, df in runs]
     rec, rec_pairs = count_disjoint([record_intervals(df) for _, df in runs], devices,
                                     "record")
@@ -227,10 +228,11 @@ def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
     found: Counter = Counter()
     of: Counter = Counter()
     for (la, a), (lb, b) in itertools.combinations(runs, 2):
-        out.compares.append((la, lb, run_diff.change_counts(compare_counts(a, b, threshold))))
+        out.compares.append((la, lb, run_diff.change_counts(
+            compare_counts(a, b, threshold, same_setup))))
         both = set(_ok(a)["backend"]) & set(_ok(b)["backend"])
         for backend in sorted(both):
-            decided = compare_counts(a, planted(b, backend, factor), threshold)
+            decided = compare_counts(a, planted(b, backend, factor), threshold, same_setup)
             mine = decided[(decided["backend"] == backend) & (decided["status_base"] == "ok")
                            & (decided["status_new"] == "ok")]
             mine = mine[[run_diff.speed_ok(r) for _, r in mine.iterrows()]] \

@@ -27,10 +27,10 @@ that move (a ratio of ratios), so a machine 1.3x slower does not read as a regre
 every backend. When both witnesses exist and disagree (more than ``WITNESS_GAP`` apart,
 intervals disjoint), a record whose answer depends on which one is divided out gets
 ``cannot tell``. So does a record whose answer depends on which unchanged backend's move is
-divided out, when some unchanged backends, measured at the same commit with the same
-software in both runs, moved unlike the majority beyond the run-to-run allowance (an uneven
-move: a machine whose memory bandwidth and compute moved by different amounts cannot be
-divided out as one number).
+divided out, when the runs share one setup (``same_setup``: environment and commit, clean
+trees) and some unchanged backends moved unlike the majority beyond the run-to-run
+allowance (an uneven move: a machine whose memory bandwidth and compute moved by different
+amounts cannot be divided out as one number).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from attnbench.analysis import paired_diff
 from attnbench.core import metrics
 from attnbench.core.record import timed_under
 from attnbench.measure.budget import TimingBudget
-from attnbench.runs import environment
 from attnbench.stats import intervals, run_to_run, significance
 
 SAMPLED = {"time_ms_median"}  # metrics whose raw samples records keep (samples_ms)
@@ -53,14 +52,11 @@ WITNESS_GAP = 1.25  # the two witnesses of the machine's move disagree beyond th
 MIN_UNEVEN = 3  # records an unchanged backend needs to witness an uneven move
 UNSTEADY_REL = TimingBudget().unsteady_rel  # a change over partners scattered beyond this
 CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
-# The record fields that name what a record was measured with (commit, software, device): an
-# unchanged backend that moved unlike the others with all of these equal moved with the machine.
-SAME_SETUP = tuple(f"env_{k}" for k in environment.RECORD_FIELDS)
 
 
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
-            "probe_gflops", "device", "timed_under", "kernel", "noisy_by", *SAME_SETUP]
+            "probe_gflops", "device", "timed_under", "kernel", "noisy_by"]
     base, new = migrated_keys(base, new)
     b = base[[c for c in cols if c in base.columns]]
     n = new[[c for c in cols if c in new.columns]]
@@ -209,8 +205,8 @@ def _agreeing_backends(moves: dict[str, float], tolerance: float) -> list[str]:
     return best if len(best) * 2 > len(moves) else []
 
 
-def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
-                 ) -> MachineMove | None:
+def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10,
+                 same_setup: bool = False) -> MachineMove | None:
     """The machine's move between the runs, from references measured in both.
 
     First the backends whose code hash did not change (the same code on the same cases:
@@ -219,7 +215,9 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
     Else the drift probe each record carries (a fixed matmul: the machine itself). None
     with fewer than ``MIN_REFERENCES`` records of either, or references that disagree and
     no probe: the runs cannot separate machine from code. When both witnesses exist and
-    disagree (``witnesses_disagree``), the probe rides along as ``other``."""
+    disagree (``witnesses_disagree``), the probe rides along as ``other``. With
+    ``same_setup`` (the runs' ``same_setup``), unchanged backends that moved unlike the
+    majority ride along as ``uneven``."""
     if metric not in SAMPLED:
         return None
     both_ok = joined[(joined["status_base"] == "ok") & (joined["status_new"] == "ok")
@@ -239,7 +237,8 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
             between = run_to_run.spread_from_replicates(
                 ratios, [iv for iv in own if iv is not None])
             majority = intervals.median_interval(ratios)
-            uneven = uneven_moves(refs[~refs["backend"].isin(agree)], majority, between)
+            uneven = uneven_moves(refs[~refs["backend"].isin(agree)], majority, between) \
+                if same_setup else ()
             other = probe if probe is not None and witnesses_disagree(majority, probe.interval) \
                 else None
             return MachineMove(majority, f"{len(agree)} of {len(moves)} unchanged backends "
@@ -247,28 +246,28 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10
     return probe
 
 
-def _same_setup(r) -> bool:
-    """Whether a joined record names the same commit, software and device on both sides
-    (``SAME_SETUP``); a record that does not say cannot show that only the machine moved."""
-    for f in SAME_SETUP:
-        a, b = r.get(f"{f}_base"), r.get(f"{f}_new")
-        if a is None or b is None or pd.isna(a) or pd.isna(b) or str(a) != str(b):
-            return False
-    return True
+def same_setup(base_meta: dict, new_meta: dict) -> bool:
+    """Whether two runs were measured with one setup, so that an unchanged backend can only
+    have been moved by the machine: the same environment id (device, software, threads,
+    commit) from a clean tree on both sides. A dirty tree may hold an edit outside a
+    backend's hashed code, and a run without a commit cannot say."""
+    envs = [m.get("environment") or {} for m in (base_meta, new_meta)]
+    ids = [m.get("environment_id") for m in (base_meta, new_meta)]
+    return bool(ids[0]) and ids[0] == ids[1] and all(
+        e.get("git_commit") and e.get("git_dirty") is False for e in envs)
 
 
 def uneven_moves(dissent: pd.DataFrame, majority: intervals.Interval, between: float | None
                  ) -> tuple[tuple[str, intervals.Interval], ...]:
-    """The moves of unchanged backends outside the agreeing majority that moved unlike it:
-    measured at the same commit with the same software on both sides (``_same_setup``: only
-    the machine moved them), at least ``MIN_UNEVEN`` records, their median move farther
-    from the majority's than the run-to-run allowance and its interval excluding the
-    majority's move. Empty when the machine moved evenly."""
+    """The moves of unchanged backends outside the agreeing majority that moved unlike it
+    (of two runs of one setup, ``same_setup``: only the machine moved them): at least
+    ``MIN_UNEVEN`` records, their median move farther from the majority's than the
+    run-to-run allowance and its interval excluding the majority's move. Empty when the
+    machine moved evenly."""
     if dissent.empty:
         return ()
     out = []
-    same = dissent[[_same_setup(r) for _, r in dissent.iterrows()]]
-    for backend, g in same.groupby("backend"):
+    for backend, g in dissent.groupby("backend"):
         ratios = g["ratio"].astype(float).tolist()
         if len(ratios) < MIN_UNEVEN:
             continue

@@ -62,8 +62,8 @@ def run(args) -> int:
     for line in run_diff.device_state_difference(base_meta, new_meta, base, new):
         print(f"device state: {line}\n")
     joined = run_diff.join_runs(base, new, args.metric)
-    move = None if args.absolute else run_diff.machine_move(joined, args.metric,
-                                                           args.threshold)
+    move = None if args.absolute else run_diff.machine_move(
+        joined, args.metric, args.threshold, run_diff.same_setup(base_meta, new_meta))
     relative = {} if args.absolute else run_diff.partner_changes(base, new)
     decided = run_diff.decide(joined, args.metric, args.threshold, move, relative)
     shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
