@@ -134,3 +134,27 @@ def test_compare_says_which_records_were_judged_over_their_partners(tmp_path, ca
     assert out.count("REGRESSION a ") == 8 and "REGRESSION b" not in out
     assert main(["compare", base, new, "--absolute"]) == 0
     assert "vs_partners" not in capsys.readouterr().out
+
+
+def test_partners_are_used_only_where_they_scatter_less_than_the_machines_move():
+    """Runs whose rounds were not kept in step pair records badly: the unchanged records'
+    changes over their partners scatter more than their ratios over the machine's move,
+    and the machine's move judges every record instead."""
+    from attnbench.stats import intervals
+
+    base, new = _run(13, drift=0.0), _run(14, drift=0.0)
+    j = run_diff.join_runs(base, new, "time_ms_median")
+    move = run_diff.machine_move(j, "time_ms_median", 0.10)
+
+    def changes(estimates):
+        return {(r["key"], r["backend"]): paired_diff.Relative(
+            intervals.Interval(e, e * 0.99, e * 1.01, 0.95, 12, "bootstrap"), ("p", "q"),
+            (0.01, 0.01)) for (_, r), e in zip(j.iterrows(), estimates)}
+
+    steady = changes([1.0] * len(j))
+    assert run_diff.partners_if_tighter(steady, j, move) == (steady, None)
+    scattered = changes(np.exp(np.linspace(-0.4, 0.4, len(j))))
+    kept, why = run_diff.partners_if_tighter(scattered, j, move)
+    assert kept == {} and why.startswith("partners not used: unchanged records' changes over "
+                                         "their partners scatter +-")
+    assert run_diff.partners_if_tighter({}, j, move) == ({}, None)

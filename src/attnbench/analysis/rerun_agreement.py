@@ -106,11 +106,13 @@ def count_disjoint(per_run: list[dict[tuple, Interval]], devices: list, what: st
 def compare_counts(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.10,
                    same_setup: bool = False) -> pd.DataFrame:
     """``compare``'s decided table of two runs, as the command makes it (each record over its
-    unchanged partners in the same rounds, else over the machine's move)."""
+    unchanged partners in the same rounds where they are the tighter reference, else over
+    the machine's move)."""
     joined = run_diff.join_runs(base, new, METRIC)
     move = run_diff.machine_move(joined, METRIC, threshold, same_setup)
-    return run_diff.decide(joined, METRIC, threshold, move,
-                           run_diff.partner_changes(base, new))
+    relative, _ = run_diff.partners_if_tighter(run_diff.partner_changes(base, new), joined,
+                                               move)
+    return run_diff.decide(joined, METRIC, threshold, move, relative)
 
 
 def planted(new: pd.DataFrame, backend: str, factor: float = PLANTED) -> pd.DataFrame:

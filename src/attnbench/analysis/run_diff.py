@@ -351,6 +351,25 @@ def partners_between(relative: dict, joined: pd.DataFrame, device=None) -> float
                                  "ratio")
 
 
+def partners_if_tighter(relative: dict, joined: pd.DataFrame, move: MachineMove | None
+                        ) -> tuple[dict, str | None]:
+    """The changes over partners when the unchanged records say they scatter less between
+    the runs than ratios over the machine's move do (``partners_between`` against the
+    machine's ``half_width``), else none, with why: runs whose rounds were not kept in step
+    (old runs, adaptive stops per process) can pair records less well than the machine's
+    move divides out. Both spreads are read from the unchanged records only."""
+    if not relative:
+        return {}, None
+    device = _joined_device(joined)
+    partners = partners_between(relative, joined, device)
+    machine = run_to_run.half_width(move.between if move else None, device)
+    if partners <= machine:
+        return relative, None
+    return {}, (f"partners not used: unchanged records' changes over their partners scatter "
+                f"+-{math.expm1(partners):.0%} between the runs, more than their ratios over "
+                f"the machine's move (+-{math.expm1(machine):.0%})")
+
+
 def decide(joined: pd.DataFrame, metric: str, threshold: float,
            move: MachineMove | None = None, relative: dict | None = None) -> pd.DataFrame:
     """Adds ``change`` (worse/better/unchanged/cannot tell/broke/fixed/-), the ratio's

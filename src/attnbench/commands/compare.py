@@ -64,7 +64,8 @@ def run(args) -> int:
     joined = run_diff.join_runs(base, new, args.metric)
     move = None if args.absolute else run_diff.machine_move(
         joined, args.metric, args.threshold, run_diff.same_setup(base_meta, new_meta))
-    relative = {} if args.absolute else run_diff.partner_changes(base, new)
+    relative, not_partners = ({}, None) if args.absolute else run_diff.partners_if_tighter(
+        run_diff.partner_changes(base, new), joined, move)
     decided = run_diff.decide(joined, args.metric, args.threshold, move, relative)
     shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
     paired = int(decided["vs_partners"].notna().sum())
@@ -86,6 +87,9 @@ def run(args) -> int:
               f"partners timed in the same rounds (the machine's move in those rounds "
               f"divides out), across runs +-{math.expm1(between):.0%}; the others by "
               f"{'vs_machine' if move else 'their raw ratio'}")
+    elif not_partners:
+        print(f"vs_partners: {not_partners}; every record is judged by "
+              f"{'vs_machine' if move else 'its raw ratio'}")
     unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
     only_new = decided[decided["status_base"].isna()]
