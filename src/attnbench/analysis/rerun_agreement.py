@@ -108,11 +108,7 @@ def compare_counts(base: pd.DataFrame, new: pd.DataFrame, threshold: float = 0.1
     """``compare``'s decided table of two runs, as the command makes it (each record over its
     unchanged partners in the same rounds where they are the tighter reference, else over
     the machine's move)."""
-    joined = run_diff.join_runs(base, new, METRIC)
-    move = run_diff.machine_move(joined, METRIC, threshold, same_setup)
-    relative, _ = run_diff.partners_if_tighter(run_diff.partner_changes(base, new), joined,
-                                               move)
-    return run_diff.decide(joined, METRIC, threshold, move, relative)
+    return run_diff.judge(base, new, METRIC, threshold, same_setup).decided
 
 
 def planted(new: pd.DataFrame, backend: str, factor: float = PLANTED) -> pd.DataFrame:

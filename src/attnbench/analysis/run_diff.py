@@ -424,6 +424,30 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
     return pd.concat([joined.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """Two runs judged record by record (``judge``): the decided table and what decided."""
+
+    decided: pd.DataFrame
+    joined: pd.DataFrame
+    move: MachineMove | None
+    relative: dict  # (key, backend) -> paired_diff.Relative, where partners decided
+    not_partners: str | None  # why partners were not used, when they were not
+
+
+def judge(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float,
+          same_setup: bool = False, absolute: bool = False) -> Judged:
+    """compare's answer for every record of two runs: joined, the machine's move, the
+    changes over partners where they are the tighter reference, and ``decide``;
+    ``absolute`` judges raw ratios (no machine, no partners)."""
+    joined = join_runs(base, new, metric)
+    move = None if absolute else machine_move(joined, metric, threshold, same_setup)
+    relative, why = ({}, None) if absolute else partners_if_tighter(
+        partner_changes(base, new), joined, move)
+    return Judged(decide(joined, metric, threshold, move, relative), joined, move, relative,
+                  why)
+
+
 def regressions(decided: pd.DataFrame) -> pd.DataFrame:
     """Significant regressions beyond the threshold, and ok records that broke."""
     return decided[decided["change"].isin(["worse", "broke"])]
@@ -541,6 +565,6 @@ def device_state_difference(base_meta: dict, new_meta: dict, base: pd.DataFrame,
     return out
 
 
-__all__ = ["MachineMove", "machine_move", "decide", "regressions", "change_counts",
-           "join_runs", "environment_difference", "ceiling_move", "probe_move",
+__all__ = ["MachineMove", "machine_move", "decide", "judge", "Judged", "regressions",
+           "change_counts", "join_runs", "environment_difference", "ceiling_move", "probe_move",
            "device_state_difference", "timing_method_difference"]

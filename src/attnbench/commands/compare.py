@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     c.add_argument("--allow-missing", action="store_true",
                    help="pairs missing from the new run do not fail the gate")
     c.add_argument("--absolute", action="store_true",
-                   help="judge raw ratios new / base, not relative to the machine's move")
+                   help="judge raw ratios new / base, not over partners or the machine's move")
     c.set_defaults(func=run)
 
 
@@ -61,12 +61,9 @@ def run(args) -> int:
         print("environment differs: " + "; ".join(diff) + "\n")
     for line in run_diff.device_state_difference(base_meta, new_meta, base, new):
         print(f"device state: {line}\n")
-    joined = run_diff.join_runs(base, new, args.metric)
-    move = None if args.absolute else run_diff.machine_move(
-        joined, args.metric, args.threshold, run_diff.same_setup(base_meta, new_meta))
-    relative, not_partners = ({}, None) if args.absolute else run_diff.partners_if_tighter(
-        run_diff.partner_changes(base, new), joined, move)
-    decided = run_diff.decide(joined, args.metric, args.threshold, move, relative)
+    judged = run_diff.judge(base, new, args.metric, args.threshold,
+                            run_diff.same_setup(base_meta, new_meta), args.absolute)
+    decided, move = judged.decided, judged.move
     shown = decided.dropna(subset=["ratio"]).sort_values("ratio", ascending=False)
     paired = int(decided["vs_partners"].notna().sum())
     cols = ["backend", "key", f"{args.metric}_base", f"{args.metric}_new", "ratio",
@@ -82,13 +79,13 @@ def run(args) -> int:
     print("ratio_low/high: intervals across runs (within-run widened by the between-run "
           "allowance); records timed under an interpreter are no speed: cannot tell")
     if paired:
-        between = run_diff.partners_between(relative, joined, device)
+        between = run_diff.partners_between(judged.relative, judged.joined, device)
         print(f"vs_partners: {paired} records judged by their change over their unchanged "
               f"partners timed in the same rounds (the machine's move in those rounds "
               f"divides out), across runs +-{math.expm1(between):.0%}; the others by "
               f"{'vs_machine' if move else 'their raw ratio'}")
-    elif not_partners:
-        print(f"vs_partners: {not_partners}; every record is judged by "
+    elif judged.not_partners:
+        print(f"vs_partners: {judged.not_partners}; every record is judged by "
               f"{'vs_machine' if move else 'its raw ratio'}")
     unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
