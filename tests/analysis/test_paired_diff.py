@@ -152,9 +152,12 @@ def test_partners_are_used_only_where_they_scatter_less_than_the_machines_move()
             (0.01, 0.01)) for (_, r), e in zip(j.iterrows(), estimates)}
 
     steady = changes([1.0] * len(j))
-    assert run_diff.partners_if_tighter(steady, j, move) == (steady, None)
+    kept, between, why = run_diff.partners_if_tighter(steady, j, move)
+    assert kept == steady and why is None
+    assert between == pytest.approx(run_diff.partners_between(steady, j, "cpu"))
     scattered = changes(np.exp(np.linspace(-0.4, 0.4, len(j))))
-    kept, why = run_diff.partners_if_tighter(scattered, j, move)
-    assert kept == {} and why.startswith("partners not used: unchanged records' changes over "
-                                         "their partners scatter +-")
-    assert run_diff.partners_if_tighter({}, j, move) == ({}, None)
+    kept, between, why = run_diff.partners_if_tighter(scattered, j, move)
+    assert kept == {} and between is None
+    assert why.startswith("partners not used: unchanged records' changes over "
+                          "their partners scatter +-")
+    assert run_diff.partners_if_tighter({}, j, move) == ({}, None, None)

@@ -352,36 +352,41 @@ def partners_between(relative: dict, joined: pd.DataFrame, device=None) -> float
 
 
 def partners_if_tighter(relative: dict, joined: pd.DataFrame, move: MachineMove | None
-                        ) -> tuple[dict, str | None]:
+                        ) -> tuple[dict, float | None, str | None]:
     """The changes over partners when the unchanged records say they scatter less between
     the runs than ratios over the machine's move do (``partners_between`` against the
     machine's ``half_width``), else none, with why: runs whose rounds were not kept in step
     (old runs, adaptive stops per process) can pair records less well than the machine's
-    move divides out. Both spreads are read from the unchanged records only."""
+    move divides out. Both spreads are read from the unchanged records only. Returns the
+    changes kept, their between-run half-width (``partners_between``; None when none are
+    kept) and why none are kept."""
     if not relative:
-        return {}, None
+        return {}, None, None
     device = _joined_device(joined)
     partners = partners_between(relative, joined, device)
     machine = run_to_run.half_width(move.between if move else None, device)
     if partners <= machine:
-        return relative, None
-    return {}, (f"partners not used: unchanged records' changes over their partners scatter "
+        return relative, partners, None
+    return {}, None, (f"partners not used: unchanged records' changes over their partners scatter "
                 f"+-{math.expm1(partners):.0%} between the runs, more than their ratios over "
                 f"the machine's move (+-{math.expm1(machine):.0%})")
 
 
 def decide(joined: pd.DataFrame, metric: str, threshold: float,
-           move: MachineMove | None = None, relative: dict | None = None) -> pd.DataFrame:
+           move: MachineMove | None = None, relative: dict | None = None,
+           between: float | None = None) -> pd.DataFrame:
     """Adds ``change`` (worse/better/unchanged/cannot tell/broke/fixed/-), the ratio's
     interval widened by the run-to-run allowance (``ratio_low/high``), ``vs_machine`` (the
     ratio over the machine's move, when ``move`` is given), ``vs_partners`` (the change over
     the record's unchanged partners timed in the same rounds, from ``relative``:
     ``paired_diff.relative_changes``; it decides where it exists, ``vs_machine`` elsewhere)
-    with its interval (``partners_low/high``), and ``code_changed``."""
+    with its interval (``partners_low/high``), and ``code_changed``. ``between``: the
+    partners' between-run half-width when the caller has it (``partners_between``)."""
     m = metrics.get(metric)
     lower = m.better == metrics.LOWER
     relative = relative if metric in SAMPLED and relative else {}
-    between = partners_between(relative, joined, _joined_device(joined)) if relative else 0.0
+    if relative and between is None:
+        between = partners_between(relative, joined, _joined_device(joined))
     rows = []
     for _, r in joined.iterrows():
         out = {"change": "-", "ratio_low": None, "ratio_high": None, "vs_machine": None,
@@ -432,6 +437,7 @@ class Judged:
     joined: pd.DataFrame
     move: MachineMove | None
     relative: dict  # (key, backend) -> paired_diff.Relative, where partners decided
+    partners_between: float | None  # their between-run half-width (log), when used
     not_partners: str | None  # why partners were not used, when they were not
 
 
@@ -442,10 +448,10 @@ def judge(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float,
     ``absolute`` judges raw ratios (no machine, no partners)."""
     joined = join_runs(base, new, metric)
     move = None if absolute else machine_move(joined, metric, threshold, same_setup)
-    relative, why = ({}, None) if absolute else partners_if_tighter(
+    relative, between, why = ({}, None, None) if absolute else partners_if_tighter(
         partner_changes(base, new), joined, move)
-    return Judged(decide(joined, metric, threshold, move, relative), joined, move, relative,
-                  why)
+    return Judged(decide(joined, metric, threshold, move, relative, between), joined, move,
+                  relative, between, why)
 
 
 def regressions(decided: pd.DataFrame) -> pd.DataFrame:

@@ -79,11 +79,10 @@ def run(args) -> int:
     print("ratio_low/high: intervals across runs (within-run widened by the between-run "
           "allowance); records timed under an interpreter are no speed: cannot tell")
     if paired:
-        between = run_diff.partners_between(judged.relative, judged.joined, device)
         print(f"vs_partners: {paired} records judged by their change over their unchanged "
               f"partners timed in the same rounds (the machine's move in those rounds "
-              f"divides out), across runs +-{math.expm1(between):.0%}; the others by "
-              f"{'vs_machine' if move else 'their raw ratio'}")
+              f"divides out), across runs +-{math.expm1(judged.partners_between):.0%}; the "
+              f"others by {'vs_machine' if move else 'their raw ratio'}")
     elif judged.not_partners:
         print(f"vs_partners: {judged.not_partners}; every record is judged by "
               f"{'vs_machine' if move else 'its raw ratio'}")
