@@ -1,6 +1,9 @@
 """Which jobs are timed together in interleaved rounds.
 
-Backends that run the same problem (one case key) form a group. A ratio claim whose sides
+Jobs that run the same problem (``Case.problem``: the case key without backend
+parameters, the row a ratio joins on) form a group, so block_sparse with its layout knobs
+or linear with its feature map is timed in the same rounds as the exact backends it is
+divided by, and compare can judge it over partners. A ratio claim whose sides
 select different cases (a window against causal), and a comparison paired on shape, join
 the two sides' groups when their shapes match (claims.SHAPE), so their ratios come from
 paired rounds too. Groups keep the
@@ -52,28 +55,29 @@ def job_groups(jobs: list[Job], claims: list[dict] | None = None,
         parent[find(a)] = find(b)
 
     for case, _ in jobs:
-        find(case.key)
+        find(case.problem)
     for first, second in _sides(claims, comparisons):
-        num = {_shape(c): c.key for c, b in jobs if first(c, b)}
+        num = {_shape(c): c.problem for c, b in jobs if first(c, b)}
         for c, b in jobs:
             if second(c, b) and _shape(c) in num:
-                union(c.key, num[_shape(c)])
+                union(c.problem, num[_shape(c)])
     groups: dict[str, list[Job]] = {}
     for job in jobs:
-        groups.setdefault(find(job[0].key), []).append(job)
+        groups.setdefault(find(job[0].problem), []).append(job)
     return list(groups.values())
 
 
 def claim_rounds(jobs: list[Job], claims: list[dict] | None) -> ClaimRounds | None:
     """The sequential rule of the claims whose two sides are both among ``jobs`` (one
-    pair per case: joined on the case key, or on the shape for sided claims); None when
-    none is. The suite's claims share one set of looks (``claims.validate_claims``)."""
+    pair per problem: joined on ``Case.problem`` as claims are, or on the shape for sided
+    claims); None when none is. The suite's claims share one set of looks
+    (``claims.validate_claims``)."""
     sides, looks = [], None
     for claim in claims or []:
         if claim.get("kind") != "ratio" or "rounds" not in claim:
             continue
         sided = bool({"numerator_where", "denominator_where"} & set(claim))
-        join = _shape if sided else (lambda c: c.key)
+        join = _shape if sided else (lambda c: c.problem)
         num = {join(c): i for i, (c, b) in enumerate(jobs)
                if side_matches(claim, "numerator", c, b)}
         exp = claim["expected"]
