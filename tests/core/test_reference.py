@@ -122,6 +122,30 @@ def test_chunking_does_not_change_the_result():
         assert torch.allclose(getattr(a, name), getattr(b, name), atol=1e-12)
 
 
+
+@pytest.mark.parametrize("grads", [False, True])
+def test_a_cpu_reference_hands_freed_memory_back_after_every_chunk(monkeypatch, grads):
+    """The chunks' temporaries are trimmed after each chunk (core/host_memory.py), so a
+    long reference cannot grow the worker's resident memory chunk after chunk."""
+    from attnbench.core import reference
+    from attnbench.core.host_memory import release_freed
+
+    calls = []
+    monkeypatch.setattr(reference, "release_freed", lambda: calls.append(1) or True)
+    q, k, v = (torch.randn(1, 2, 37, 8, dtype=torch.float64) for _ in range(3))
+    go = torch.randn(1, 2, 37, 8, dtype=torch.float64) if grads else None
+    fn = reference.softmax_rows(MaskSpec.parse("causal"), 0.3, 37, 37)
+    reference.chunked_reference(fn, q, k, v, go, rows_per_chunk=5)
+    assert len(calls) == 8  # ceil(37 / 5) chunks
+    assert release_freed() is _glibc()  # found where the C library is glibc
+
+
+def _glibc() -> bool:
+    import platform
+
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 PEAK_SCRIPT = """
 import torch, attnbench
 from attnbench.measure.memory import peak_memory_bytes

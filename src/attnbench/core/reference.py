@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.core.host_memory import release_freed
 from attnbench.core.masks import Geometry, MaskSpec, allowed_rows
 
 # Bytes of float64 temporaries one chunk may hold (scores, probabilities, their grads).
@@ -69,6 +70,8 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
         if not want_grad:
             with torch.no_grad():
                 outs.append(row_fn(qc, k64, v64, r0, r1))
+            if q.device.type == "cpu":
+                release_freed()
             continue
         qc = qc.clone().requires_grad_(True)
         with torch.enable_grad():
@@ -82,6 +85,8 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
             dk += gk
         if gv is not None:
             dv += gv
+        if q.device.type == "cpu":  # the chunk's temporaries, freed, back to the OS
+            release_freed()
     out = torch.cat(outs, dim=2) if outs else q64.new_zeros(B, Hq, 0, v.shape[-1])
     if not want_grad:
         return RefResult(out)
