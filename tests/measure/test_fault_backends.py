@@ -118,6 +118,15 @@ def test_fault_reasons_say_what_happened(by_pair):
     assert "cannot be written as JSON" in extras and "set is not JSON serializable" in extras
 
 
+def test_a_crashed_group_says_so_on_the_records_measured_again_alone(by_pair):
+    honest = by_pair[("naive", 16, SEED["fake_crash"])]
+    assert honest["status"] == "ok" and "pair_group" not in honest
+    assert honest["timed_alone"].startswith("its group of 2 crashed: ")
+    assert "SIGSEGV" in honest["timed_alone"]
+    paired = by_pair[("naive", 16, SEED["fake_chatty"])]  # its group ran: no such column
+    assert "timed_alone" not in paired and paired["pair_group"]
+
+
 def test_oom_is_recorded_and_larger_cases_skipped(by_pair):
     assert [by_pair[("fake_oom", n, 99)]["status"] for n in (16, 64, 128)] == [
         "ok", "oom", "skipped"]

@@ -75,6 +75,8 @@ OPTIONAL_COLUMNS = {
     "timed_under": "what the timed calls ran under instead of the device: 'triton "
                    "interpreter' (TRITON_INTERPRET=1); such a time is not a speed and is "
                    "kept out of every speed conclusion (its error still counts)",
+    "timed_alone": "the group it was to be timed with in interleaved rounds crashed or timed "
+                   "out (why); it was measured again on its own, so it has no pair_group",
 }
 OPTIONAL_COLUMNS |= {  # a packed batch's worst document (core/accuracy.py), per tensor
     f"err_doc_{t}_{what}": f"packed batch: {desc} of the document with the largest {t} error "

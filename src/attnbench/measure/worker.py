@@ -334,8 +334,10 @@ class IsolatedExecutor:
                     break  # keep what the earlier processes measured
                 repeats.append(again)
             return merge_repeats(result, repeats, budget)
-        if len(jobs) > 1:
-            return [r for job in jobs for r in self.run_group([job], budget, timeout_s)]
+        if len(jobs) > 1:  # said on every record: their rounds are no longer shared
+            why = f"its group of {len(jobs)} {status}: {result}"
+            return [r if "timed_alone" in r.info else r.update(timed_alone=why)
+                    for job in jobs for r in self.run_group([job], budget, timeout_s)]
         case, backend = jobs[0]
         return [Record.new(case, backend, status, result)]
 
