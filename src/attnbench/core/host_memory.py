@@ -1,11 +1,11 @@
 """Hand freed host memory back to the operating system (glibc's ``malloc_trim``).
 
 A float64 reference allocates and frees the same chunk-sized temporaries thousands of times.
-glibc raises its mmap threshold after the first frees, so later temporaries come from the
-heap, and with several threads allocating the freed pieces are not always reused: the
-worker's resident memory then grows chunk after chunk (0.4 to 14 GiB for one additive
-reference at N = 4096, varying run to run) until the kernel's OOM killer ends it. Trimming
-after each chunk bounds it without changing how the timed kernels allocate.
+After the first frees glibc raises its mmap threshold, so later temporaries come from the
+heap, whose freed pieces it neither always reuses nor returns: the worker's resident memory
+can then grow chunk after chunk, by an amount that varies run to run, until the kernel's OOM
+killer ends it. Trimming after each chunk bounds it without changing how timed kernels
+allocate.
 """
 
 from __future__ import annotations
