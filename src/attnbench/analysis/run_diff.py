@@ -367,9 +367,10 @@ def partners_if_tighter(relative: dict, joined: pd.DataFrame, move: MachineMove 
     machine = run_to_run.half_width(move.between if move else None, device)
     if partners <= machine:
         return relative, partners, None
-    return {}, None, (f"partners not used: unchanged records' changes over their partners scatter "
-                f"+-{math.expm1(partners):.0%} between the runs, more than their ratios over "
-                f"the machine's move (+-{math.expm1(machine):.0%})")
+    why = (f"partners not used: unchanged records' changes over their partners scatter "
+           f"+-{math.expm1(partners):.0%} between the runs, more than their ratios over the "
+           f"machine's move (+-{math.expm1(machine):.0%})")
+    return {}, None, why
 
 
 def decide(joined: pd.DataFrame, metric: str, threshold: float,

@@ -11,20 +11,18 @@ allocate.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 
 @functools.cache
 def _trim():
-    """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
-    name = ctypes.util.find_library("c")
+    """glibc's malloc_trim from the process's own symbols (no library search, which minimal
+    images may lack), or None where the C library has none (macOS, musl)."""
     try:
-        fn = ctypes.CDLL(name).malloc_trim if name else None
+        fn = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
-    if fn is not None:
-        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
     return fn
 
 

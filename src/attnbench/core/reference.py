@@ -56,6 +56,7 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
     rows = rows_per_chunk or chunk_rows(B, Hq, Nk, budget=budget)
     q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
     want_grad = grad_out is not None
+    trim = q.device.type == "cpu"  # each chunk's freed temporaries back to the OS
     if want_grad:
         k64.requires_grad_(True)
         v64.requires_grad_(True)
@@ -70,7 +71,7 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
         if not want_grad:
             with torch.no_grad():
                 outs.append(row_fn(qc, k64, v64, r0, r1))
-            if q.device.type == "cpu":
+            if trim:
                 release_freed()
             continue
         qc = qc.clone().requires_grad_(True)
@@ -85,7 +86,7 @@ def chunked_reference(row_fn: RowFunction, q: torch.Tensor, k: torch.Tensor, v: 
             dk += gk
         if gv is not None:
             dv += gv
-        if q.device.type == "cpu":  # the chunk's temporaries, freed, back to the OS
+        if trim:
             release_freed()
     out = torch.cat(outs, dim=2) if outs else q64.new_zeros(B, Hq, 0, v.shape[-1])
     if not want_grad:
