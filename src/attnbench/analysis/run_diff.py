@@ -30,7 +30,10 @@ intervals disjoint), a record whose answer depends on which one is divided out g
 divided out, when the runs share one setup (``same_setup``: environment and commit, clean
 trees) and some unchanged backends moved unlike the majority beyond the run-to-run
 allowance (an uneven move: a machine whose memory bandwidth and compute moved by different
-amounts cannot be divided out as one number).
+amounts cannot be divided out as one number). And so does a record whose own rounds saw a
+machine unlike the rest of the run: its drift probe's level moved between the runs unlike
+the run's move (``stats.probe_shift``), so a burst that slowed its backends unevenly cannot
+be told from a change of code.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from attnbench.analysis import paired_diff
 from attnbench.core import metrics
 from attnbench.core.record import timed_under
 from attnbench.measure.budget import TimingBudget
-from attnbench.stats import intervals, run_to_run, significance
+from attnbench.stats import intervals, probe_shift, run_to_run, significance
 
 SAMPLED = {"time_ms_median"}  # metrics whose raw samples records keep (samples_ms)
 MIN_REFERENCES = 6  # reference records the machine's move needs (a 95% interval of it)
@@ -56,7 +60,7 @@ CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
 
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
-            "probe_gflops", "device", "timed_under", "kernel", "noisy_by"]
+            "probe_gflops", "probe_readings", "device", "timed_under", "kernel", "noisy_by"]
     base, new = migrated_keys(base, new)
     b = base[[c for c in cols if c in base.columns]]
     n = new[[c for c in cols if c in new.columns]]
@@ -373,6 +377,16 @@ def partners_if_tighter(relative: dict, joined: pd.DataFrame, move: MachineMove 
     return {}, None, why
 
 
+def run_probe_move(joined: pd.DataFrame) -> float | None:
+    """The run's move by the probe read in each record's rounds: the median of the records'
+    probe time ratios new / base (``probe_shift.time_ratio``); None without any."""
+    if "probe_readings_base" not in joined.columns or "probe_readings_new" not in joined:
+        return None
+    both = [t for a, b in zip(joined["probe_readings_base"], joined["probe_readings_new"])
+            if (t := probe_shift.time_ratio(a, b)) is not None]
+    return float(np.median(both)) if both else None
+
+
 def decide(joined: pd.DataFrame, metric: str, threshold: float,
            move: MachineMove | None = None, relative: dict | None = None,
            between: float | None = None) -> pd.DataFrame:
@@ -381,17 +395,21 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
     ratio over the machine's move, when ``move`` is given), ``vs_partners`` (the change over
     the record's unchanged partners timed in the same rounds, from ``relative``:
     ``paired_diff.relative_changes``; it decides where it exists, ``vs_machine`` elsewhere)
-    with its interval (``partners_low/high``), and ``code_changed``. ``between``: the
-    partners' between-run half-width when the caller has it (``partners_between``)."""
+    with its interval (``partners_low/high``), ``probe_shift`` (the factor by which the
+    probe in the record's rounds moved unlike the run's, where that leaves it 'cannot
+    tell') and ``code_changed``. ``between``: the partners' between-run half-width when the
+    caller has it (``partners_between``)."""
     m = metrics.get(metric)
     lower = m.better == metrics.LOWER
     relative = relative if metric in SAMPLED and relative else {}
     if relative and between is None:
         between = partners_between(relative, joined, _joined_device(joined))
+    probe_move = run_probe_move(joined) if metric in SAMPLED else None
     rows = []
     for _, r in joined.iterrows():
         out = {"change": "-", "ratio_low": None, "ratio_high": None, "vs_machine": None,
-               "vs_partners": None, "partners_low": None, "partners_high": None}
+               "vs_partners": None, "partners_low": None, "partners_high": None,
+               "probe_shift": None}
         sb, sn = r.get("status_base"), r.get("status_new")
         if sb == "ok" and isinstance(sn, str) and sn != "ok":
             out["change"] = "broke"
@@ -400,8 +418,16 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
         elif sb == "ok" and sn == "ok" and pd.notna(r.get("ratio")):
             iv = _sample_interval(r) if metric in SAMPLED else None
             rel = relative.get((r["key"], r["backend"]))
+            shifted = probe_shift.shift(r.get("probe_readings_base"),
+                                        r.get("probe_readings_new"), probe_move,
+                                        r.get("device_new"))
             if not speed_ok(r):
                 out["change"] = significance.CANNOT_TELL
+            elif iv is not None and shifted is not None:
+                raw = run_to_run.widen(iv, run_to_run.half_width(
+                    move.between if move else None, r.get("device_new")))
+                out.update(change=significance.CANNOT_TELL, probe_shift=shifted.factor,
+                           ratio_low=raw.low, ratio_high=raw.high)
             elif iv is not None and rel is not None:
                 out["change"], wide = _partners_verdict(rel, between, threshold, lower)
                 raw = run_to_run.widen(iv, run_to_run.half_width(

@@ -86,6 +86,13 @@ def run(args) -> int:
     elif judged.not_partners:
         print(f"vs_partners: {judged.not_partners}; every record is judged by "
               f"{'vs_machine' if move else 'its raw ratio'}")
+    shifted = decided[decided["probe_shift"].notna()]
+    if not shifted.empty:
+        print(f"probe_shift: {len(shifted)} records cannot tell: the drift probe in their "
+              f"rounds moved between the runs unlike the run's move (by "
+              f"{shifted['probe_shift'].min():.3g}-{shifted['probe_shift'].max():.3g}x, "
+              f"beyond its own interval and two runs' allowance), so the machine under them "
+              f"differed and a change of theirs cannot be told from it")
     unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
     only_new = decided[decided["status_base"].isna()]
