@@ -30,10 +30,11 @@ intervals disjoint), a record whose answer depends on which one is divided out g
 divided out, when the runs share one setup (``same_setup``: environment and commit, clean
 trees) and some unchanged backends moved unlike the majority beyond the run-to-run
 allowance (an uneven move: a machine whose memory bandwidth and compute moved by different
-amounts cannot be divided out as one number). And so does a record whose own rounds saw a
-machine unlike the rest of the run: its drift probe's level moved between the runs unlike
-the run's move (``stats.probe_shift``), so a burst that slowed its backends unevenly cannot
-be told from a change of code.
+amounts cannot be divided out as one number). And so does a record whose own rounds ran on
+a different machine: the drift probe read in them moved between the runs beyond what it
+moves between two runs of one machine state (``stats.probe_shift``; over the run's move for
+a record judged by the machine's), so a burst that slowed its backends unevenly cannot be
+told from a change of code.
 """
 
 from __future__ import annotations
@@ -396,8 +397,8 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
     the record's unchanged partners timed in the same rounds, from ``relative``:
     ``paired_diff.relative_changes``; it decides where it exists, ``vs_machine`` elsewhere)
     with its interval (``partners_low/high``), ``probe_shift`` (the factor by which the
-    probe in the record's rounds moved unlike the run's, where that leaves it 'cannot
-    tell') and ``code_changed``. ``between``: the partners' between-run half-width when the
+    probe in the record's rounds moved, where that leaves it 'cannot tell') and
+    ``code_changed``. ``between``: the partners' between-run half-width when the
     caller has it (``partners_between``)."""
     m = metrics.get(metric)
     lower = m.better == metrics.LOWER
@@ -418,8 +419,11 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
         elif sb == "ok" and sn == "ok" and pd.notna(r.get("ratio")):
             iv = _sample_interval(r) if metric in SAMPLED else None
             rel = relative.get((r["key"], r["backend"]))
+            # over partners the rounds' own machine matters; over the machine, its move
+            # beyond the run's
             shifted = probe_shift.shift(r.get("probe_readings_base"),
-                                        r.get("probe_readings_new"), probe_move,
+                                        r.get("probe_readings_new"),
+                                        1.0 if rel is not None else probe_move,
                                         r.get("device_new"))
             if not speed_ok(r):
                 out["change"] = significance.CANNOT_TELL
@@ -427,7 +431,9 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
                 raw = run_to_run.widen(iv, run_to_run.half_width(
                     move.between if move else None, r.get("device_new")))
                 out.update(change=significance.CANNOT_TELL, probe_shift=shifted.factor,
-                           ratio_low=raw.low, ratio_high=raw.high)
+                           ratio_low=raw.low, ratio_high=raw.high,
+                           vs_partners=rel.interval.estimate if rel is not None else None,
+                           vs_machine=iv.estimate / move.interval.estimate if move else None)
             elif iv is not None and rel is not None:
                 out["change"], wide = _partners_verdict(rel, between, threshold, lower)
                 raw = run_to_run.widen(iv, run_to_run.half_width(

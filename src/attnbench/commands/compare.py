@@ -89,10 +89,12 @@ def run(args) -> int:
     shifted = decided[decided["probe_shift"].notna()]
     if not shifted.empty:
         print(f"probe_shift: {len(shifted)} records cannot tell: the drift probe in their "
-              f"rounds moved between the runs unlike the run's move (by "
-              f"{shifted['probe_shift'].min():.3g}-{shifted['probe_shift'].max():.3g}x, "
-              f"beyond its own interval and two runs' allowance), so the machine under them "
-              f"differed and a change of theirs cannot be told from it")
+              f"rounds moved between the runs by "
+              f"{shifted['probe_shift'].min():.3g}-{shifted['probe_shift'].max():.3g}x (over "
+              f"the run's move where judged by it), beyond the "
+              f"{run_diff.probe_shift.limit(device):.3g}x two runs of one machine state "
+              f"show, so the machine under them differed and a change of theirs cannot be "
+              f"told from it")
     unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
     only_new = decided[decided["status_base"].isna()]

@@ -1,13 +1,18 @@
-"""Whether the machine under one record differed between two runs unlike the rest of the run.
+"""Whether the machine under one record differed between two runs.
 
 The drift probe is read between a group's rounds, so each record carries the probe's
 readings from its own rounds. Paired rounds divide out a move that slows every backend of
 the group alike, but a neighbour's burst on a shared host does not: a memory-bound backend
 slows more than a compute-bound one in the same rounds, so their ratio moves with no change
-of code. When the probe's level in one record's rounds moved between the runs unlike the
-run's own move (the median of every record's), beyond the two medians' own intervals and
-what two runs of one machine state may differ by, that record's change says nothing about
-its code.
+of code. When the probe's median in one record's rounds moved between the runs beyond what
+it moves between two runs of one machine state (the declared ``probe`` allowance,
+``run_to_run``), that record's change says nothing about its code.
+
+A change over partners is read against the probe's own move (the rounds' machine itself);
+a change over the machine's move against the probe's move over the run's (``run_move``),
+since the run's move is already divided out of it. The probe's median over a group is not
+widened by its own interval: a burst makes the readings scatter, and an interval that grew
+with it would hide exactly the records it has to catch.
 """
 
 from __future__ import annotations
@@ -18,51 +23,45 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnbench.stats import run_to_run
-from attnbench.stats.intervals import median_interval
 
-MIN_READINGS = 4  # fewer probe readings give the level no interval
+MIN_READINGS = 4  # fewer probe readings are no level for a group
 
 
 @dataclass(frozen=True)
 class Shift:
-    """The probe's time ratio new / base in one record's rounds, over the run's (``factor``:
-    > 1 the machine ran that record's rounds slower than the run's move), and the factor it
-    had to pass (``limit``)."""
+    """The probe's time ratio new / base in one record's rounds (over the run's, when read
+    against the run's move): ``factor`` > 1, that record's machine ran slower; and the
+    factor it had to pass (``limit``)."""
 
     factor: float
     limit: float
 
-    def text(self) -> str:
-        return f"{self.factor:.3g}x, beyond {self.limit:.3g}x"
 
-
-def _level(readings) -> tuple[float, float] | None:
-    """The probe's median rate in a group's rounds and its interval's half-width (log)."""
+def _level(readings) -> float | None:
+    """The probe's median rate in a group's rounds; None with too few readings."""
     x = np.asarray(readings if readings is not None else [], dtype=float).ravel()
     x = x[np.isfinite(x) & (x > 0)]
-    if x.size < MIN_READINGS:
-        return None
-    iv = median_interval(x)
-    return iv.estimate, max(math.log(iv.estimate / iv.low), math.log(iv.high / iv.estimate))
+    return float(np.median(x)) if x.size >= MIN_READINGS else None
 
 
 def time_ratio(base_readings, new_readings) -> float | None:
     """The probe's time new / base in one record's rounds (its rate inverted); None
     without enough readings on either side."""
     a, b = _level(base_readings), _level(new_readings)
-    return a[0] / b[0] if a and b else None
+    return a / b if a and b else None
 
 
-def shift(base_readings, new_readings, run_move: float | None, device=None) -> Shift | None:
-    """The record's shift (``Shift``) when its probe's time ratio over ``run_move`` (the
-    median of every record's probe time ratio) lies beyond the two levels' own half-widths
-    (in quadrature) plus two runs' record allowance on ``device``; None when it does not,
-    or without readings or a run move."""
-    a, b = _level(base_readings), _level(new_readings)
-    if a is None or b is None or not run_move or run_move <= 0:
+def limit(device=None) -> float:
+    """The largest probe move under one record that two runs of one machine state show."""
+    return math.exp(run_to_run.two_runs(device, "probe"))
+
+
+def shift(base_readings, new_readings, run_move: float = 1.0, device=None) -> Shift | None:
+    """The record's ``Shift`` when its probe's time ratio (over ``run_move``, the median
+    of every record's, when the record is read against the run's move) lies beyond
+    ``limit``; None when it does not, or without readings."""
+    t = time_ratio(base_readings, new_readings)
+    if t is None or not run_move or run_move <= 0:
         return None
-    factor = (a[0] / b[0]) / run_move
-    reach = math.hypot(a[1], b[1]) + run_to_run.two_runs(device)
-    if abs(math.log(factor)) <= reach:
-        return None
-    return Shift(factor, math.exp(reach))
+    factor, most = t / run_move, limit(device)
+    return Shift(factor, most) if abs(math.log(factor)) > math.log(most) else None
