@@ -37,6 +37,7 @@ def run(args) -> int:
     from attnbench.core import metrics
     from attnbench.runs.merge import compare_sides
     from attnbench.runs.record_files import no_records_yet
+    from attnbench.stats import probe_shift
 
     try:
         metric = metrics.get(args.metric)
@@ -92,7 +93,7 @@ def run(args) -> int:
               f"rounds moved between the runs by "
               f"{shifted['probe_shift'].min():.3g}-{shifted['probe_shift'].max():.3g}x (over "
               f"the run's move where judged by it), beyond the "
-              f"{run_diff.probe_shift.limit(device):.3g}x two runs of one machine state "
+              f"{probe_shift.limit(device):.3g}x two runs of one machine state "
               f"show, so the machine under them differed and a change of theirs cannot be "
               f"told from it")
     unclear = decided[decided["change"] == "cannot tell"]
