@@ -122,7 +122,6 @@ def test_chunking_does_not_change_the_result():
         assert torch.allclose(getattr(a, name), getattr(b, name), atol=1e-12)
 
 
-
 @pytest.mark.parametrize("grads", [False, True])
 def test_a_cpu_reference_hands_freed_memory_back_after_every_chunk(monkeypatch, grads):
     """The chunks' temporaries are trimmed after each chunk (core/host_memory.py), so a
