@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnbench.analysis import run_diff
+from attnbench.analysis import departures, run_diff
 from attnbench.stats import run_to_run
 
 PARTS = 4  # consecutive parts of a run whose probe levels are compared
@@ -77,11 +77,7 @@ def within_run(records: pd.DataFrame, device=None) -> Moved | None:
 def run_level(meta: dict, records: pd.DataFrame) -> float | None:
     """A run's probe median: meta.json's, else the median of its records' (None: no probe)."""
     rate = run_diff.probe_rate(meta)
-    if rate:
-        return float(rate)
-    if "probe_gflops" in records.columns and records["probe_gflops"].notna().any():
-        return float(records["probe_gflops"].dropna().median())
-    return None
+    return float(rate) if rate else departures.run_probe_level(records)
 
 
 def between_runs(runs: list[tuple[dict, pd.DataFrame]], device=None) -> Moved | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from attnbench.analysis import departures
 from attnbench.stats import intervals, ratios, run_to_run
 
 # With one partner, x over p is p over x inverted: a move of either reads as a change of
@@ -84,8 +85,13 @@ def _hash(r: dict):
 
 def relative_changes(base: pd.DataFrame, new: pd.DataFrame) -> dict[tuple, Relative]:
     """Every record that has unchanged partners in the same rounds in both runs, by (key,
-    backend): its change over them (``Relative``)."""
+    backend): its change over them (``Relative``). A partner the noise flag flags on
+    either side (``departures``: it carries unsteadiness) is left out of the reference
+    while ``MIN_PARTNERS`` steady ones remain: its own scatter would read as a change of
+    every record it is a partner of."""
     old, now = _by_record(_groups(base)), _by_record(_groups(new))
+    unsteady = {k for run in (base, new) for k, d in departures.known(run).items()
+                if d.unsteadiness > 0}
     out = {}
     for ident in sorted(set(old) & set(now)):
         (xb, pb), (xn, pn) = old[ident], now[ident]
@@ -96,6 +102,8 @@ def relative_changes(base: pd.DataFrame, new: pd.DataFrame) -> dict[tuple, Relat
             if q is not None and p["backend"] != ident[1] and _hash(p) is not None \
                     and _hash(p) == _hash(q) and _aligned(xb, q) and _aligned(xn, p):
                 partners.append((q, p))
+        steady = [(q, p) for q, p in partners if (p["key"], p["backend"]) not in unsteady]
+        partners = steady if len(steady) >= MIN_PARTNERS else partners
         if len(partners) < MIN_PARTNERS:
             continue
         rel_b = _relative_times(xb, [q for q, _ in partners])

@@ -4,9 +4,11 @@ For a set of runs of the same code, every pair of runs is set side by side:
 
 * record intervals: the same (key, backend) in both runs, its time's interval disjoint
   between them, within-run (the record's own bounds) and across-runs
-  (``run_to_run.across_runs``);
+  (``run_to_run.across_runs``, with what the run is known to have done to the record:
+  the machine's departure in its rounds, its unsteadiness if the noise flag flags it);
 * paired ratios: every two ok records timed in the same interleaved rounds (one
-  ``pair_group``), the ratio's interval disjoint between runs, both ways;
+  ``pair_group``), the ratio's interval disjoint between runs, both ways (across runs:
+  with both records' unsteadiness);
 * ``compare`` of the two runs (``run_diff``): how many records it calls worse, better,
   unchanged or cannot tell;
 * a planted change: one backend's samples in the second run multiplied by ``factor`` and its
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnbench.analysis import machine_state, run_diff
+from attnbench.analysis import departures, machine_state, run_diff
 from attnbench.core.record import speed_records
 from attnbench.stats import ratios, run_to_run
 from attnbench.stats.intervals import Interval
@@ -50,18 +52,37 @@ def record_intervals(df: pd.DataFrame) -> dict[tuple, Interval]:
     return out
 
 
+def record_departures(df: pd.DataFrame) -> dict[tuple, tuple[float, ...]]:
+    """Each ok record's known departures in its run (``departures.known``): the machine's
+    in its rounds and its unsteadiness, what its across-runs interval adds."""
+    return {k: (d.machine, d.unsteadiness) for k, d in departures.known(df).items()}
+
+
 def paired_ratios(df: pd.DataFrame) -> dict[tuple, Interval]:
     """The within-run interval of every ratio of two ok records timed in the same rounds
     (one ``pair_group``), by (key_a, backend_a, key_b, backend_b), a before b in order."""
+    return {k: iv for k, (iv, _) in _paired(df).items()}
+
+
+def ratio_departures(df: pd.DataFrame) -> dict[tuple, tuple[float, ...]]:
+    """Each paired ratio's known departures: both records' unsteadiness (their shared
+    machine divides out)."""
+    return {k: d for k, (_, d) in _paired(df).items()}
+
+
+def _paired(df: pd.DataFrame) -> dict[tuple, tuple[Interval, tuple[float, ...]]]:
     ok = _ok(df)
     if ok.empty or "pair_group" not in ok.columns:
         return {}
+    known = departures.known(df)
     out = {}
     for _, g in ok[ok["pair_group"].notna()].groupby("pair_group", sort=False):
         rows = sorted((dict(r) for _, r in g.iterrows()), key=lambda r: (r["backend"],
                                                                           r["key"]))
         for a, b in itertools.combinations(rows, 2):
-            out[(a["key"], a["backend"], b["key"], b["backend"])] = ratios.ratio_interval(a, b)
+            ka, kb = (a["key"], a["backend"]), (b["key"], b["backend"])
+            out[ka + kb] = (ratios.ratio_interval(a, b),
+                            (known[ka].unsteadiness, known[kb].unsteadiness))
     return out
 
 
@@ -87,19 +108,24 @@ def _pct(n: int, d: int) -> str:
     return f"{n / d:.1%}" if d else "-"
 
 
-def count_disjoint(per_run: list[dict[tuple, Interval]], devices: list, what: str
-                   ) -> tuple[Disjoint, list[tuple[Interval, Interval]]]:
+def count_disjoint(per_run: list[dict[tuple, Interval]], devices: list, what: str,
+                   departures: list[dict[tuple, tuple[float, ...]]] | None = None
+                   ) -> tuple[Disjoint, list[tuple[Interval, Interval, bool]]]:
     """Over every pair of runs: the quantities both hold, disjoint within-run and across
-    runs; and the pairs themselves (for ``run_to_run.estimate``)."""
+    runs (each widened by its known departures in its run, where given:
+    ``record_departures``, ``ratio_departures``); and the pairs themselves (for
+    ``run_to_run.estimate``), each with whether neither side has a known departure."""
     out, pairs = Disjoint(), []
-    for (x, dx), (y, dy) in itertools.combinations(list(zip(per_run, devices)), 2):
+    departures = departures or [{} for _ in per_run]
+    runs = list(zip(per_run, devices, departures))
+    for (x, dx, mx), (y, dy, my) in itertools.combinations(runs, 2):
         for k in sorted(set(x) & set(y)):
             a, b = x[k], y[k]
-            pairs.append((a, b))
+            pairs.append((a, b, not any(mx.get(k, ())) and not any(my.get(k, ()))))
             out.pairs += 1
             out.within += disjoint(a, b)
-            out.across += disjoint(run_to_run.across_runs(a, dx, what),
-                                   run_to_run.across_runs(b, dy, what))
+            out.across += disjoint(run_to_run.across_runs(a, dx, what, *mx.get(k, ())),
+                                   run_to_run.across_runs(b, dy, what, *my.get(k, ())))
     return out, pairs
 
 
@@ -133,6 +159,8 @@ class Agreement:
     ratios: Disjoint
     estimate_record: float | None  # per-run between-run half-width these runs show (log)
     estimate_ratio: float | None
+    undisturbed_record: float | None = None  # the same, of pairs without known departures
+    undisturbed_ratio: float | None = None
     compares: list[tuple[str, str, dict[str, int]]] = field(default_factory=list)
     detection: dict[str, tuple[int, int]] = field(default_factory=dict)  # backend: found, of
 
@@ -147,7 +175,9 @@ class Agreement:
                self.records.text("record intervals"),
                self.ratios.text("paired-ratio intervals"),
                f"between-run allowance these runs show (per run, 95%): record "
-               f"{est(self.estimate_record)}, ratio {est(self.estimate_ratio)}; declared "
+               f"{est(self.estimate_record)}, ratio {est(self.estimate_ratio)}; without "
+               f"known departures (departures.py) record {est(self.undisturbed_record)}, "
+               f"ratio {est(self.undisturbed_ratio)}; declared "
                f"{run_to_run.allowance_text(device)}"]
         total: Counter = Counter()
         for a, b, counts in self.compares:
@@ -213,16 +243,24 @@ def _spread_line(what: str, unit: str, values: list) -> str | None:
             f"(largest / smallest {max(values) / min(values):.3g}x)")
 
 
+def _estimates(*pair_lists) -> list[float | None]:
+    """``run_to_run.estimate`` of each list of pairs, all of them, then of each, those
+    without known departures: record, ratio, undisturbed record, undisturbed ratio."""
+    every = [run_to_run.estimate([(a, b) for a, b, _ in p]) for p in pair_lists]
+    steady = [run_to_run.estimate([(a, b) for a, b, clean in p if clean]) for p in pair_lists]
+    return every + steady
+
+
 def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
               factor: float = PLANTED, same_setup: bool = False) -> Agreement:
     """The counts over every pair of ``runs`` (label, records), in the order given;
     ``same_setup``: the runs share one setup (``run_diff.same_setup`` of every pair)."""
     devices = [run_diff.run_device(df) for _, df in runs]
     rec, rec_pairs = count_disjoint([record_intervals(df) for _, df in runs], devices,
-                                    "record")
-    rat, rat_pairs = count_disjoint([paired_ratios(df) for _, df in runs], devices, "ratio")
-    out = Agreement([label for label, _ in runs], rec, rat, run_to_run.estimate(rec_pairs),
-                    run_to_run.estimate(rat_pairs))
+                                    "record", [record_departures(df) for _, df in runs])
+    rat, rat_pairs = count_disjoint([paired_ratios(df) for _, df in runs], devices, "ratio",
+                                    [ratio_departures(df) for _, df in runs])
+    out = Agreement([label for label, _ in runs], rec, rat, *_estimates(rec_pairs, rat_pairs))
     found: Counter = Counter()
     of: Counter = Counter()
     for (la, a), (lb, b) in itertools.combinations(runs, 2):

@@ -20,6 +20,12 @@ allowance of a ratio (estimated from the unchanged records' changes over their p
 never below two runs' declared ratio allowance). Every other record is judged against the
 machine's move.
 
+A record the run is known to have disturbed (``departures``: the probe in its rounds stood
+off the run's level, or the noise flag flagged it) carries that departure on both sides in
+quadrature on top of the allowance, which is estimated from the undisturbed records only:
+a few disturbed records neither widen every steady record's interval until a real change
+hides, nor read their own disturbance as a change.
+
 The machine is separated from the code: when references were measured in both runs --
 records of backends whose code did not change (``backend_hash``), else the drift probe --
 their median ratio is the machine's move, and every record is judged by its ratio over
@@ -45,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnbench.analysis import paired_diff
+from attnbench.analysis import departures, paired_diff
 from attnbench.core import metrics
 from attnbench.core.record import timed_under
 from attnbench.measure.budget import TimingBudget
@@ -63,14 +69,25 @@ def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFram
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
             "probe_gflops", "probe_readings", "device", "timed_under", "kernel", "noisy_by"]
     base, new = migrated_keys(base, new)
-    b = base[[c for c in cols if c in base.columns]]
-    n = new[[c for c in cols if c in new.columns]]
+    b = _with_departures(base[[c for c in cols if c in base.columns]], base)
+    n = _with_departures(new[[c for c in cols if c in new.columns]], new)
     j = b.merge(n, on=["key", "backend"], how="outer", suffixes=("_base", "_new"))
     for side in ("base", "new"):
         if f"{metric}_{side}" not in j.columns:  # e.g. every record of that run failed
             j[f"{metric}_{side}"] = float("nan")
     j["ratio"] = j[f"{metric}_new"] / j[f"{metric}_base"]
     return j
+
+
+def _with_departures(cols: pd.DataFrame, run: pd.DataFrame) -> pd.DataFrame:
+    """``cols`` with each record's known departures in its run (``departures.known``):
+    ``departure`` (machine and unsteadiness, log scale) and ``unsteadiness``."""
+    known = departures.known(run)
+    idents = list(zip(cols["key"], cols["backend"])) if not cols.empty else []
+    none = departures.Departure()
+    return cols.assign(
+        departure=[known.get(i, none).total for i in idents],
+        unsteadiness=[known.get(i, none).unsteadiness for i in idents])
 
 
 def migrated_keys(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -123,6 +140,14 @@ def unsteady(r) -> bool:
     is narrower than what a rerun moves it by, so compare calls no change on it."""
     return any(isinstance(v, str) and "samples" in v.split("+")
                for v in (r.get("noisy_by_base"), r.get("noisy_by_new")))
+
+
+def known_departure(r, what: str = "departure") -> float:
+    """A joined record's known departures on both sides (``departures``), in quadrature,
+    log scale: ``departure`` for its own time, ``unsteadiness`` for its time over partners
+    timed in the same rounds (their machine is its)."""
+    values = [r.get(f"{what}_{side}") for side in ("base", "new")]
+    return math.hypot(*(float(v) for v in values if v is not None and pd.notna(v)))
 
 
 def _code_unchanged(r) -> bool:
@@ -238,9 +263,7 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10,
         agreed = refs[refs["backend"].isin(agree)]
         ratios = agreed["ratio"].astype(float).tolist()
         if len(ratios) >= MIN_REFERENCES:
-            own = [_sample_interval(r) for _, r in agreed.iterrows()]
-            between = run_to_run.spread_from_replicates(
-                ratios, [iv for iv in own if iv is not None])
+            between = _machine_between(agreed, run_probe_move(joined))
             majority = intervals.median_interval(ratios)
             uneven = uneven_moves(refs[~refs["backend"].isin(agree)], majority, between) \
                 if same_setup else ()
@@ -249,6 +272,20 @@ def machine_move(joined: pd.DataFrame, metric: str, tolerance: float = 0.10,
             return MachineMove(majority, f"{len(agree)} of {len(moves)} unchanged backends "
                                "that agree", between, other, uneven)
     return probe
+
+
+def _machine_between(agreed: pd.DataFrame, probe_move: float | None) -> float | None:
+    """The between-run half-width the agreeing unchanged records show around the machine's
+    move (``run_to_run.spread_from_replicates``), read from those that can get a verdict
+    over it (``undecidable``) and carry no known departure (each record adds its own:
+    ``known_departure``); failing ``MIN_REFERENCES`` of those, from the decidable ones,
+    else from all."""
+    decidable = agreed[[not undecidable(r, None, probe_move) for _, r in agreed.iterrows()]]
+    steady = decidable[[known_departure(r) == 0 for _, r in decidable.iterrows()]]
+    refs = next((x for x in (steady, decidable) if len(x) >= MIN_REFERENCES), agreed)
+    own = [_sample_interval(r) for _, r in refs.iterrows()]
+    return run_to_run.spread_from_replicates(refs["ratio"].astype(float).tolist(),
+                                             [iv for iv in own if iv is not None])
 
 
 def same_setup(base_meta: dict, new_meta: dict) -> bool:
@@ -320,13 +357,14 @@ def _relative(iv: intervals.Interval, m: float) -> intervals.Interval:
 
 
 def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold: float,
-                     lower: bool, device=None) -> tuple[str, intervals.Interval]:
+                     lower: bool, device=None, known: float = 0.0
+                     ) -> tuple[str, intervals.Interval]:
     """The verdict on one record's ratio interval new / base, widened by the run-to-run
-    allowance (returned), over the machine's move when given, by the one rule; 'cannot
-    tell' when the two witnesses of the move disagree and the answer depends on which one
-    is divided out."""
-    wide = run_to_run.widen(iv, run_to_run.half_width(move.between if move else None,
-                                                      device))
+    allowance and the record's ``known`` departures (``known_departure``), returned, over
+    the machine's move when given, by the one rule; 'cannot tell' when the two witnesses
+    of the move disagree and the answer depends on which one is divided out."""
+    wide = run_to_run.widen(iv, math.hypot(run_to_run.half_width(
+        move.between if move else None, device), known))
     if move is None:
         return significance.decide(wide, threshold, lower), wide
     verdict = significance.decide(_relative(wide, move.interval.estimate), threshold, lower)
@@ -337,23 +375,52 @@ def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold
 
 
 def _partners_verdict(rel: paired_diff.Relative, between: float, threshold: float,
-                      lower: bool) -> tuple[str, intervals.Interval]:
+                      lower: bool, known: float = 0.0) -> tuple[str, intervals.Interval]:
     """The verdict on a record's change over its unchanged partners in the same rounds,
-    widened by the run-to-run allowance of a ratio; 'cannot tell' when either side's
-    relative times scatter beyond ``UNSTEADY_REL`` (so few scattered rounds are no base
-    for a verdict)."""
-    wide = run_to_run.widen(rel.interval, between)
-    if max(rel.reach) > UNSTEADY_REL:
+    widened by the run-to-run allowance of a ratio and the record's ``known`` unsteadiness
+    on both sides; 'cannot tell' when either side's relative times scatter beyond
+    ``UNSTEADY_REL`` (so few scattered rounds are no base for a verdict)."""
+    wide = run_to_run.widen(rel.interval, math.hypot(between, known))
+    if _scattered(rel):
         return significance.CANNOT_TELL, wide
     return significance.decide(wide, threshold, lower), wide
 
 
 def partners_between(relative: dict, joined: pd.DataFrame, device=None) -> float:
     """The between-run half-width (log scale) for changes over partners: what the unchanged
-    records' relative changes show, never below two runs' declared ratio allowance."""
-    unchanged = {(r["key"], r["backend"]) for _, r in joined.iterrows() if _code_unchanged(r)}
+    records' relative changes show, never below two runs' declared ratio allowance. Only
+    records that can get a verdict over partners are read (``undecidable``): one left
+    'cannot tell' for its own scatter or its rounds' machine says nothing of how far the
+    others move, and its scatter would hide their changes."""
+    unchanged = {(r["key"], r["backend"]) for _, r in joined.iterrows()
+                 if _code_unchanged(r) and known_departure(r, "unsteadiness") == 0
+                 and not undecidable(r, relative.get((r["key"], r["backend"])))}
     return run_to_run.half_width(paired_diff.unchanged_spread(relative, unchanged), device,
                                  "ratio")
+
+
+def undecidable(r, rel: paired_diff.Relative | None = None, probe_move: float | None = None
+                ) -> bool:
+    """Whether a joined record is 'cannot tell' whatever its ratio: timed under an
+    interpreter (``speed_ok``), its rounds' probe moved (``probe_shift.shift``: over the
+    partners' rounds when ``rel`` is given, else over ``probe_move``, the run's), or its
+    relative times (``rel``) or own samples (``unsteady``) scatter too far to judge."""
+    if not speed_ok(r) or _shifted(r, rel, probe_move) is not None:
+        return True
+    return _scattered(rel) if rel is not None else unsteady(r)
+
+
+def _scattered(rel: paired_diff.Relative) -> bool:
+    """Whether either side's relative times scatter beyond ``UNSTEADY_REL``."""
+    return max(rel.reach) > UNSTEADY_REL
+
+
+def _shifted(r, rel: paired_diff.Relative | None, probe_move: float | None
+             ) -> probe_shift.Shift | None:
+    # over partners the rounds' own machine matters; over the machine, its move beyond
+    # the run's
+    return probe_shift.shift(r.get("probe_readings_base"), r.get("probe_readings_new"),
+                             1.0 if rel is not None else probe_move, r.get("device_new"))
 
 
 def partners_if_tighter(relative: dict, joined: pd.DataFrame, move: MachineMove | None
@@ -419,12 +486,7 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
         elif sb == "ok" and sn == "ok" and pd.notna(r.get("ratio")):
             iv = _sample_interval(r) if metric in SAMPLED else None
             rel = relative.get((r["key"], r["backend"]))
-            # over partners the rounds' own machine matters; over the machine, its move
-            # beyond the run's
-            shifted = probe_shift.shift(r.get("probe_readings_base"),
-                                        r.get("probe_readings_new"),
-                                        1.0 if rel is not None else probe_move,
-                                        r.get("device_new"))
+            shifted = _shifted(r, rel, probe_move)
             if not speed_ok(r):
                 out["change"] = significance.CANNOT_TELL
             elif iv is not None and shifted is not None:
@@ -435,7 +497,8 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
                            vs_partners=rel.interval.estimate if rel is not None else None,
                            vs_machine=iv.estimate / move.interval.estimate if move else None)
             elif iv is not None and rel is not None:
-                out["change"], wide = _partners_verdict(rel, between, threshold, lower)
+                out["change"], wide = _partners_verdict(
+                    rel, between, threshold, lower, known_departure(r, "unsteadiness"))
                 raw = run_to_run.widen(iv, run_to_run.half_width(
                     move.between if move else None, r.get("device_new")))
                 out.update(ratio_low=raw.low, ratio_high=raw.high, vs_partners=wide.estimate,
@@ -446,7 +509,8 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
                 out["change"] = significance.CANNOT_TELL
             elif iv is not None:
                 device = r.get("device_new", r.get("device_base"))
-                out["change"], wide = _sampled_verdict(iv, move, threshold, lower, device)
+                out["change"], wide = _sampled_verdict(iv, move, threshold, lower, device,
+                                                       known_departure(r))
                 out.update(ratio_low=wide.low, ratio_high=wide.high)
                 if move is not None:
                     out["vs_machine"] = wide.estimate / move.interval.estimate

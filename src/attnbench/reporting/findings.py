@@ -22,7 +22,7 @@ from attnbench.reporting import tables
 from attnbench.reporting.interval_text import ratio_text
 from attnbench.reporting.plots import n_label
 from attnbench.runs.dataset import Run
-from attnbench.stats import fits, intervals, noise, pooling, ratios, run_to_run, significance
+from attnbench.stats import fits, noise, pooling, ratios, run_to_run, significance
 from attnbench.stats.intervals import Interval, coverage_note, short_of_level
 
 DASH = "-"
@@ -47,7 +47,7 @@ def speedups(c: Comparison, df: pd.DataFrame) -> pd.DataFrame:
             row["timed_under"] = under
         elif base["status"] == "ok" and other["status"] == "ok":
             within = ratios.difference(base, other)
-            d = across_runs(within, other.get("device"))
+            d = across_runs(within, other.get("device"), base, other)
             row.update(within_low=within.interval.low, within_high=within.interval.high,
                        within_method=within.interval.method, speedup=d.interval.estimate,
                        speedup_low=d.interval.low,
@@ -61,11 +61,14 @@ def speedups(c: Comparison, df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def across_runs(d: ratios.Difference, device) -> ratios.Difference:
+def across_runs(d: ratios.Difference, device, *records) -> ratios.Difference:
     """A ratio of two records of one run with its across-runs interval (the within-run one
-    widened by the ratio allowance), significant by the one rule on that interval: a
+    widened by the ratio allowance and by each of ``records``' unsteadiness, as
+    ``noise_rechecked`` measured it), significant by the one rule on that interval: a
     speedup or a margin a rerun keeps."""
-    wide = run_to_run.across_runs(d.interval, device, "ratio")
+    known = [float(u) for r in records
+             if (u := r.get("unsteadiness")) is not None and pd.notna(u)]
+    wide = run_to_run.across_runs(d.interval, device, "ratio", *known)
     return ratios.Difference(wide, significance.differs(wide))
 
 
@@ -213,7 +216,7 @@ def winners(df: pd.DataFrame, lines: list[str]) -> pd.DataFrame:
         else:
             r = ok.iloc[1]
             # runner-up's time over the winner's, across runs
-            d = across_runs(ratios.difference(r, w), w.get("device"))
+            d = across_runs(ratios.difference(r, w), w.get("device"), r, w)
             if not d.significant:
                 row["winner"] = f"no winner ({w['backend']} or {r['backend']})"
             row |= {"runner-up": r["backend"],
@@ -534,7 +537,8 @@ def noise_rechecked(df: pd.DataFrame, timing: dict[str, dict]) -> pd.DataFrame:
     """``df`` with each ok record's noise flag decided again by the current rule
     (``stats.noise``) from its samples and probe readings, with each run's thresholds
     (``timing``: run label -> its meta's timing table), and ``noisy_why`` the reasons with
-    their figures: a record written under an older rule carries that rule's flag, and the
+    their figures, and ``unsteadiness`` (``noise.unsteadiness``: what its across-runs
+    intervals add): a record written under an older rule carries that rule's flag, and the
     report reads every run by one rule. Records without samples keep their flag."""
     if df.empty or "samples_ms" not in df.columns:
         return df
@@ -546,21 +550,18 @@ def noise_rechecked(df: pd.DataFrame, timing: dict[str, dict]) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = None
         df[col] = df[col].astype(object)
+    df["unsteadiness"] = 0.0
     default = TimingBudget()
     for i, r in df.iterrows():
-        samples = ratios.samples(r.get("samples_ms"))
-        if r.get("status") != "ok" or not samples:
+        if r.get("status") != "ok" or not ratios.samples(r.get("samples_ms")):
             continue
         t = timing.get(str(r.get("run_id"))) or {}
-        reach = intervals.median_interval(samples).half_width_rel if len(samples) >= 2 \
-            else None
-        probe = r.get("probe_readings")
-        found = noise.flag_reasons(samples, reach, probe if isinstance(probe, list) else [],
-                                   float(t.get("unsteady_rel", default.unsteady_rel)),
+        found = noise.record_flags(dict(r), float(t.get("unsteady_rel", default.unsteady_rel)),
                                    float(t.get("noise_threshold", default.noise_threshold)))
         df.at[i, "noisy"] = bool(found)
         df.at[i, "noisy_by"] = "+".join(f.check for f in found) if found else None
         df.at[i, "noisy_why"] = "; ".join(f.text() for f in found) if found else None
+        df.at[i, "unsteadiness"] = noise.unsteadiness(found)
     return df
 
 

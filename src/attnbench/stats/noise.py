@@ -17,13 +17,21 @@ ignore the flag. A record is flagged for what sets it apart instead, by any of:
 Spreads are interquartile ranges over the median, so they compare across sample counts.
 Each check that flags a record says by how much (``Flag``: what it measured, the limit it
 passed), so the report can show the reason beside every flagged record.
+
+A flagged record's median is not pinned down by its samples: a rerun lands it about as far
+off as the flag measured. So what the flag measured (``unsteadiness``) is carried into every
+interval of that record compared across runs (``run_to_run.across_runs``), and a flag is
+more than a mark: it is how much wider a rerun's interval has to be.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from attnbench.stats import intervals, ratios
 
 SPREAD_FACTOR = 2.0  # a record's spread over the probe's that sets it apart
 MIN_PROBE_READINGS = 4  # two a half: fewer cannot show a half's own jitter
@@ -109,3 +117,21 @@ def flags(samples, interval_reach: float | None, probe_readings, unsteady_rel: f
     steady (``flag_reasons`` without the figures)."""
     return [f.check for f in flag_reasons(samples, interval_reach, probe_readings,
                                           unsteady_rel, min_spread)]
+
+
+def record_flags(record: dict, unsteady_rel: float, min_spread: float) -> list[Flag]:
+    """``flag_reasons`` of one record (its ``samples_ms`` and ``probe_readings``), its
+    interval's reach read from its samples; [] without samples."""
+    samples = ratios.samples(record.get("samples_ms"))
+    if not samples:
+        return []
+    reach = intervals.median_interval(samples).half_width_rel if len(samples) >= 2 else None
+    probe = record.get("probe_readings")
+    return flag_reasons(samples, reach, probe if isinstance(probe, list) else [],
+                        unsteady_rel, min_spread)
+
+
+def unsteadiness(found: list[Flag]) -> float:
+    """How far (log scale) a flagged record's median may land in a rerun: the largest
+    figure its flags measured; 0 for a steady record."""
+    return max((math.log1p(f.measured) for f in found if f.measured > 0), default=0.0)

@@ -65,3 +65,20 @@ def shift(base_readings, new_readings, run_move: float = 1.0, device=None) -> Sh
         return None
     factor, most = t / run_move, limit(device)
     return Shift(factor, most) if abs(math.log(factor)) > math.log(most) else None
+
+
+def excess(readings, run_rate, device=None) -> float:
+    """How far (log scale) the probe's median in one record's rounds (``readings``,
+    GFLOP/s) stood from its run's level (``run_rate``) when that is beyond the probe's
+    declared per-run scatter; 0 within it (the record allowance covers an ordinary
+    wobble), or without enough readings or a level. A machine that departed further was
+    another machine for that record, which a rerun would not repeat."""
+    level = _level(readings)
+    try:
+        run = float(run_rate)
+    except (TypeError, ValueError):
+        return 0.0
+    if level is None or not (run > 0 and math.isfinite(run)):
+        return 0.0
+    away = abs(math.log(run / level))
+    return away if away > run_to_run.allowance(device, "probe") else 0.0

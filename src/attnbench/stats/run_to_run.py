@@ -12,7 +12,12 @@ to its own interval's half-width in quadrature on the log scale:
 * never below the declared allowance of the device kind (``ALLOWANCES``): the 95%
   half-width (a relative change) a rerun of the same code moves one record, or one ratio of
   two records timed in the same rounds, beyond its own interval (docs/design.md,
-  Statistics).
+  Statistics);
+* and what this run is known to have done to this quantity: the machine's departure in a
+  record's rounds (the drift probe read there stood farther from the run's level than it
+  ordinarily scatters, ``probe_shift.excess``; ratios of records timed in the same rounds
+  divide it out), and the unsteadiness of a record the noise flag flags
+  (``noise.unsteadiness``; a ratio carries both records').
 
 Two intervals, named wherever a number is shown: the *within-run* interval (a record's
 ``time_ms_ci_low/high``, the samples of one run) and the *across-runs* interval
@@ -46,7 +51,8 @@ CPU = Allowance(record=0.05, ratio=0.03, probe=0.10)
 ALLOWANCES = {"cpu": CPU, "cuda": CPU}
 WHAT = ("record", "ratio", "probe")
 WITHIN = "within run (this run's samples only)"
-ACROSS = "across runs (within-run widened by the between-run allowance)"
+ACROSS = ("across runs (within-run widened by the between-run allowance, and by what the "
+          "noise flag measured on a flagged record)")
 
 
 def kind(device) -> str:
@@ -74,9 +80,13 @@ def legend(device=None) -> str:
     return f"intervals: {ACROSS}, {allowance_text(device)}"
 
 
-def across_runs(iv: Interval, device=None, what: str = "record") -> Interval:
-    """The across-runs interval: ``iv`` (within-run) widened by the declared allowance."""
-    return widen(iv, allowance(device, what))
+def across_runs(iv: Interval, device=None, what: str = "record", *known: float) -> Interval:
+    """The across-runs interval: ``iv`` (within-run) widened by the declared allowance and
+    by each ``known`` departure (log scale) of this quantity in this run, in quadrature:
+    the machine's in a record's rounds (``probe_shift.excess``; a ratio of records timed
+    in the same rounds shares their machine and takes none) and a flagged record's
+    unsteadiness (``noise.unsteadiness``)."""
+    return widen(iv, math.hypot(allowance(device, what), *known))
 
 
 def two_runs(device=None, what: str = "record") -> float:
