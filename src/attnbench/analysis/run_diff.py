@@ -67,7 +67,8 @@ CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
 
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
     cols = ["key", "backend", "status", metric, "samples_ms", "backend_hash", "env_id",
-            "probe_gflops", "probe_readings", "device", "timed_under", "kernel", "noisy_by"]
+            "probe_gflops", "probe_readings", "device", "timed_under", "kernel", "noisy",
+            "noisy_by"]
     base, new = migrated_keys(base, new)
     b = _with_departures(base[[c for c in cols if c in base.columns]], base)
     n = _with_departures(new[[c for c in cols if c in new.columns]], new)
@@ -139,7 +140,15 @@ def unsteady(r) -> bool:
     reaches farther than the run's ``unsteady_rel``): a bootstrap of so few scattered samples
     is narrower than what a rerun moves it by, so compare calls no change on it."""
     return any(isinstance(v, str) and "samples" in v.split("+")
-               for v in (r.get("noisy_by_base"), r.get("noisy_by_new")))
+               and not _cleared(r.get(f"noisy_{side}"))
+               for side, v in (("base", r.get("noisy_by_base")),
+                               ("new", r.get("noisy_by_new"))))
+
+
+def _cleared(noisy) -> bool:
+    """Whether a record's ``noisy`` says it is not noisy: its ``noisy_by`` is then a reason
+    left by its first process before the pooled samples were judged (older runs)."""
+    return isinstance(noisy, (bool, np.bool_)) and not noisy
 
 
 def known_departure(r, what: str = "departure") -> float:

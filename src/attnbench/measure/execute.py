@@ -280,6 +280,8 @@ def merge_repeats(first: list[Record], repeats: list[list[Record]], budget: Timi
             samples += other.info["samples_ms"]
             readings += other.info.get("probe_readings", [])
             stops.append(other.info.get("sampling_stop", ""))
+        for stale in ("noisy_by", "probe_spread"):  # set only when they apply: recomputed
+            rec.info.pop(stale, None)
         rec.update(**timing_columns(rec.case, rec.metrics["work_flops"], samples,
                                     "+".join(sorted(set(stops))), readings, budget),
                    processes=1 + len(repeats))
