@@ -64,13 +64,9 @@ def paired_ratios(df: pd.DataFrame) -> dict[tuple, Interval]:
     return {k: iv for k, (iv, _) in _paired(df).items()}
 
 
-def ratio_departures(df: pd.DataFrame) -> dict[tuple, tuple[float, ...]]:
-    """Each paired ratio's known departures: both records' unsteadiness (their shared
-    machine divides out)."""
-    return {k: d for k, (_, d) in _paired(df).items()}
-
-
 def _paired(df: pd.DataFrame) -> dict[tuple, tuple[Interval, tuple[float, ...]]]:
+    """``paired_ratios`` with each ratio's known departures: both records' unsteadiness
+    (their shared machine divides out)."""
     ok = _ok(df)
     if ok.empty or "pair_group" not in ok.columns:
         return {}
@@ -113,7 +109,7 @@ def count_disjoint(per_run: list[dict[tuple, Interval]], devices: list, what: st
                    ) -> tuple[Disjoint, list[tuple[Interval, Interval, bool]]]:
     """Over every pair of runs: the quantities both hold, disjoint within-run and across
     runs (each widened by its known departures in its run, where given:
-    ``record_departures``, ``ratio_departures``); and the pairs themselves (for
+    ``record_departures``, ``_paired``); and the pairs themselves (for
     ``run_to_run.estimate``), each with whether neither side has a known departure."""
     out, pairs = Disjoint(), []
     departures = departures or [{} for _ in per_run]
@@ -258,8 +254,10 @@ def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
     devices = [run_diff.run_device(df) for _, df in runs]
     rec, rec_pairs = count_disjoint([record_intervals(df) for _, df in runs], devices,
                                     "record", [record_departures(df) for _, df in runs])
-    rat, rat_pairs = count_disjoint([paired_ratios(df) for _, df in runs], devices, "ratio",
-                                    [ratio_departures(df) for _, df in runs])
+    paired = [_paired(df) for _, df in runs]
+    rat, rat_pairs = count_disjoint([{k: iv for k, (iv, _) in p.items()} for p in paired],
+                                    devices, "ratio",
+                                    [{k: d for k, (_, d) in p.items()} for p in paired])
     out = Agreement([label for label, _ in runs], rec, rat, *_estimates(rec_pairs, rat_pairs))
     found: Counter = Counter()
     of: Counter = Counter()
