@@ -1,7 +1,8 @@
-"""compare answers 'cannot tell' for a record whose own rounds saw a machine unlike the rest
-of the run (the drift probe read in them moved between the runs unlike the run's move): a
-burst on a shared host slows a group's backends unevenly, which its partners cannot divide
-out. Every sample and probe reading is injected."""
+"""A record whose own rounds saw a machine unlike the rest of the run (the drift probe read
+in them moved between the runs beyond two runs of one state): judged by the machine's move
+it is 'cannot tell'; judged over its partners it carries the probe's move as a known
+departure, since a burst on a shared host slows a group's backends unevenly, by about as
+much as it slowed the probe at most. Every sample and probe reading is injected."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def test_a_burst_that_scatters_the_probe_is_still_a_shift():
 def test_an_uneven_burst_under_one_group_is_not_called_a_change():
     """In the new run group 0's rounds ran on a busier machine (probe 70 against 100) that
     slowed backend a 1.3x more than its partners: over its partners a reads 1.3x worse, but
-    its probe says the machine under it differed, so it is 'cannot tell'. Without the probe
-    readings the same records are called worse: the rule needs its witness."""
+    its probe moved 1.43x, which its interval carries, so it is 'cannot tell'. Without the
+    probe readings the same records are called worse: the rule needs its witness."""
     base = _run(2)
     new = _run(3, probe_levels={0: 70.0}, uneven={0: 1.3})
     decided = _decide(base, new)
@@ -100,10 +101,27 @@ def test_a_real_change_under_a_steady_probe_is_still_found():
     assert (decided[decided["backend"] == "a"]["change"] == "worse").all()
 
 
+def test_a_real_change_beyond_its_rounds_probe_move_is_still_found():
+    """Group 0's probe moved 1.18x, beyond the limit: over the machine's move its records
+    would be 'cannot tell', over partners they carry the move. Backend a, 1.5x slower by
+    its code everywhere, is still found worse there; its partners, unchanged, are not
+    called; and the carried move widens group 0's interval beyond the others'."""
+    base = _run(4)
+    new = _run(5, probe_levels={0: 100 / 1.18}, backend_factor={"a": 1.5},
+               hashes={"a": "changed"})
+    decided = _decide(base, new)
+    g0 = decided[decided["key"] == "k0"]
+    assert g0["probe_shift"].between(1.12, 1.24).all() and g0["vs_partners"].notna().all()
+    assert g0[g0["backend"] == "a"]["change"].iloc[0] == "worse"
+    assert not g0[g0["backend"] != "a"]["change"].isin(["worse", "better"]).any()
+    width = np.log(decided["partners_high"] / decided["partners_low"])
+    assert width[g0.index].min() > width.drop(g0.index).max()
+
+
 def test_a_whole_run_on_a_slower_machine_shifts_only_partner_verdicts():
     """Every group's probe read 1.4x slower. Over the machine's move that is the run's move,
     not one record's: no shift. Over partners it is the machine under each record's rounds,
-    which may slow its backends unevenly: cannot tell."""
+    which may slow its backends unevenly: carried, it leaves every record 'cannot tell'."""
     base = _run(6)
     new = _run(7, probe_levels={g: 100 / 1.4 for g in range(8)})
     j = run_diff.join_runs(base, new, "time_ms_median")
@@ -125,10 +143,23 @@ def _write(path, df: pd.DataFrame) -> str:
     return str(path)
 
 
-def test_compare_says_which_records_the_probe_left_undecided(tmp_path, capsys):
+def test_compare_says_which_records_carry_their_rounds_probe_move(tmp_path, capsys):
     base = _write(tmp_path / "base", _run(2))
     new = _write(tmp_path / "new", _run(3, probe_levels={0: 70.0}, uneven={0: 1.3}))
     assert main(["compare", base, new, "--fail-on-regression"]) == 0
     out = capsys.readouterr().out
-    assert "probe_shift: 4 records cannot tell" in out
+    assert "probe_shift: 4 records judged over their partners" in out
+    assert "known departure" in out and "records cannot tell" not in out
     assert "REGRESSION" not in out
+
+
+def test_a_record_judged_by_the_machine_whose_rounds_moved_is_cannot_tell():
+    """Without partners (no interleaved rounds) a record is judged by the machine's move;
+    its rounds' probe moved 1.43x unlike the run's, so it is 'cannot tell', and only it."""
+    base = _run(2).drop(columns="pair_group")
+    new = _run(3, probe_levels={0: 70.0}, uneven={0: 1.3}).drop(columns="pair_group")
+    decided = _decide(base, new)
+    assert decided["vs_partners"].isna().all()
+    g0 = decided[decided["key"] == "k0"]
+    assert (g0["change"] == "cannot tell").all() and g0["probe_shift"].notna().all()
+    assert decided[decided["key"] != "k0"]["probe_shift"].isna().all()

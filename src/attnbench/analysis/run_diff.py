@@ -7,6 +7,9 @@ by the run-to-run component (``stats.run_to_run``: estimated from the unchanged 
 when they exist, never below two runs' declared allowance for the device kind), so two
 runs of the same code are not called worse or better. Records timed under an interpreter
 (``timed_under``) or flagged unsteady by their own samples get ``cannot tell``.
+Every verdict's interval is at the family level
+(``significance.family_level``): compare draws one verdict per record at once, and at 95%
+each a few of many unchanged records would be called by chance alone.
 Four answers: ``worse`` / ``better`` (the interval excludes 1 and
 the estimate is beyond the threshold), ``unchanged`` (the interval lies within the
 threshold) and ``cannot tell`` (neither, or fewer than ``MIN_SAMPLES`` samples a side).
@@ -36,11 +39,13 @@ intervals disjoint), a record whose answer depends on which one is divided out g
 divided out, when the runs share one setup (``same_setup``: environment and commit, clean
 trees) and some unchanged backends moved unlike the majority beyond the run-to-run
 allowance (an uneven move: a machine whose memory bandwidth and compute moved by different
-amounts cannot be divided out as one number). And so does a record whose own rounds ran on
-a different machine: the drift probe read in them moved between the runs beyond what it
-moves between two runs of one machine state (``stats.probe_shift``; over the run's move for
-a record judged by the machine's), so a burst that slowed its backends unevenly cannot be
-told from a change of code.
+amounts cannot be divided out as one number). And so does a record judged by the machine's move
+whose own rounds ran on a different machine: the drift probe read in them moved between the
+runs beyond what it moves between two runs of one machine state, over the run's move
+(``stats.probe_shift``), so a burst that slowed it unlike the rest of the run cannot be
+told from a change of code. A record judged over its partners shares its rounds' machine
+with them and only a burst's uneven share moves it, at most about as far as the probe moved:
+the probe's move in its rounds is carried as a known departure instead.
 """
 
 from __future__ import annotations
@@ -366,14 +371,15 @@ def _relative(iv: intervals.Interval, m: float) -> intervals.Interval:
 
 
 def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold: float,
-                     lower: bool, device=None, known: float = 0.0
-                     ) -> tuple[str, intervals.Interval]:
+                     lower: bool, device=None, known: float = 0.0,
+                     level: float = intervals.LEVEL) -> tuple[str, intervals.Interval]:
     """The verdict on one record's ratio interval new / base, widened by the run-to-run
-    allowance and the record's ``known`` departures (``known_departure``), returned, over
-    the machine's move when given, by the one rule; 'cannot tell' when the two witnesses
-    of the move disagree and the answer depends on which one is divided out."""
-    wide = run_to_run.widen(iv, math.hypot(run_to_run.half_width(
-        move.between if move else None, device), known))
+    allowance and the record's ``known`` departures (``known_departure``) and rescaled to
+    ``level`` (``significance.family_level``), returned, over the machine's move when given,
+    by the one rule; 'cannot tell' when the two witnesses of the move disagree and the
+    answer depends on which one is divided out."""
+    wide = intervals.rescaled(run_to_run.widen(iv, math.hypot(run_to_run.half_width(
+        move.between if move else None, device), known)), level)
     if move is None:
         return significance.decide(wide, threshold, lower), wide
     verdict = significance.decide(_relative(wide, move.interval.estimate), threshold, lower)
@@ -384,12 +390,15 @@ def _sampled_verdict(iv: intervals.Interval, move: MachineMove | None, threshold
 
 
 def _partners_verdict(rel: paired_diff.Relative, between: float, threshold: float,
-                      lower: bool, known: float = 0.0) -> tuple[str, intervals.Interval]:
+                      lower: bool, known: float = 0.0, level: float = intervals.LEVEL
+                      ) -> tuple[str, intervals.Interval]:
     """The verdict on a record's change over its unchanged partners in the same rounds,
-    widened by the run-to-run allowance of a ratio and the record's ``known`` unsteadiness
-    on both sides; 'cannot tell' when either side's relative times scatter beyond
-    ``UNSTEADY_REL`` (so few scattered rounds are no base for a verdict)."""
-    wide = run_to_run.widen(rel.interval, math.hypot(between, known))
+    widened by the run-to-run allowance of a ratio and the record's ``known`` departures
+    (unsteadiness on both sides, ``rounds_shift``) and rescaled to ``level``; 'cannot tell'
+    when either side's relative times scatter beyond ``UNSTEADY_REL`` (so few scattered
+    rounds are no base for a verdict)."""
+    wide = intervals.rescaled(run_to_run.widen(rel.interval, math.hypot(between, known)),
+                              level)
     if _scattered(rel):
         return significance.CANNOT_TELL, wide
     return significance.decide(wide, threshold, lower), wide
@@ -398,12 +407,16 @@ def _partners_verdict(rel: paired_diff.Relative, between: float, threshold: floa
 def partners_between(relative: dict, joined: pd.DataFrame, device=None) -> float:
     """The between-run half-width (log scale) for changes over partners: what the unchanged
     records' relative changes show, never below two runs' declared ratio allowance. Only
-    records that can get a verdict over partners are read (``undecidable``): one left
-    'cannot tell' for its own scatter or its rounds' machine says nothing of how far the
-    others move, and its scatter would hide their changes."""
-    unchanged = {(r["key"], r["backend"]) for _, r in joined.iterrows()
-                 if _code_unchanged(r) and known_departure(r, "unsteadiness") == 0
-                 and not undecidable(r, relative.get((r["key"], r["backend"])))}
+    records that can get a verdict over partners (``undecidable``) and carry no known
+    departure are read: one left 'cannot tell' for its own scatter, or disturbed in its
+    rounds (``rounds_shift``), says nothing of how far the others move, and its scatter
+    would hide their changes."""
+    unchanged = set()
+    for _, r in joined.iterrows():
+        rel = relative.get((r["key"], r["backend"]))
+        if _code_unchanged(r) and known_departure(r, "unsteadiness") == 0 \
+                and not undecidable(r, rel) and rounds_shift(r, rel) == 0:
+            unchanged.add((r["key"], r["backend"]))
     return run_to_run.half_width(paired_diff.unchanged_spread(relative, unchanged), device,
                                  "ratio")
 
@@ -411,12 +424,24 @@ def partners_between(relative: dict, joined: pd.DataFrame, device=None) -> float
 def undecidable(r, rel: paired_diff.Relative | None = None, probe_move: float | None = None
                 ) -> bool:
     """Whether a joined record is 'cannot tell' whatever its ratio: timed under an
-    interpreter (``speed_ok``), its rounds' probe moved (``probe_shift.shift``: over the
-    partners' rounds when ``rel`` is given, else over ``probe_move``, the run's), or its
-    relative times (``rel``) or own samples (``unsteady``) scatter too far to judge."""
-    if not speed_ok(r) or _shifted(r, rel, probe_move) is not None:
+    interpreter (``speed_ok``), its relative times (``rel``) or own samples (``unsteady``)
+    scatter too far to judge, or, judged by the machine's move (no ``rel``), its rounds'
+    probe moved over ``probe_move``, the run's (``probe_shift.shift``)."""
+    if not speed_ok(r):
         return True
-    return _scattered(rel) if rel is not None else unsteady(r)
+    if rel is not None:
+        return _scattered(rel)
+    return _shifted(r, None, probe_move) is not None or unsteady(r)
+
+
+def rounds_shift(r, rel: paired_diff.Relative | None) -> float:
+    """How far (log scale) the probe in a record's rounds moved between the runs, when the
+    record is judged over its partners (``rel``) and the move is beyond the probe's limit
+    (``probe_shift.shift``); else 0. A burst slows a record and its partners unevenly, by
+    about as much as it slowed the probe at most, so the move is a known departure of the
+    record's change over them."""
+    shifted = _shifted(r, rel, None) if rel is not None else None
+    return abs(math.log(shifted.factor)) if shifted is not None else 0.0
 
 
 def _scattered(rel: paired_diff.Relative) -> bool:
@@ -464,6 +489,17 @@ def run_probe_move(joined: pd.DataFrame) -> float | None:
     return float(np.median(both)) if both else None
 
 
+def sampled_count(joined: pd.DataFrame) -> int:
+    """How many joined records get a verdict from their samples at once: ok on both
+    sides, speeds (``speed_ok``), with samples on both: the ``m`` of the family level."""
+    if joined.empty:
+        return 0
+    return sum(1 for _, r in joined.iterrows()
+               if r.get("status_base") == "ok" and r.get("status_new") == "ok"
+               and speed_ok(r) and _samples(r.get("samples_ms_base"))
+               and _samples(r.get("samples_ms_new")))
+
+
 def decide(joined: pd.DataFrame, metric: str, threshold: float,
            move: MachineMove | None = None, relative: dict | None = None,
            between: float | None = None) -> pd.DataFrame:
@@ -473,15 +509,21 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
     the record's unchanged partners timed in the same rounds, from ``relative``:
     ``paired_diff.relative_changes``; it decides where it exists, ``vs_machine`` elsewhere)
     with its interval (``partners_low/high``), ``probe_shift`` (the factor by which the
-    probe in the record's rounds moved, where that leaves it 'cannot tell') and
+    probe in the record's rounds moved beyond its limit: 'cannot tell' over the machine's
+    move, a known departure over partners: ``rounds_shift``) and
     ``code_changed``. ``between``: the partners' between-run half-width when the
-    caller has it (``partners_between``)."""
+    caller has it (``partners_between``). The intervals a verdict reads (``partners_low/
+    high`` where partners decide, else ``ratio_low/high``) are at the family level of the
+    records judged from samples at once (``sampled_count``, ``significance.family_level``).
+    """
     m = metrics.get(metric)
     lower = m.better == metrics.LOWER
     relative = relative if metric in SAMPLED and relative else {}
     if relative and between is None:
         between = partners_between(relative, joined, _joined_device(joined))
     probe_move = run_probe_move(joined) if metric in SAMPLED else None
+    level = significance.family_level(sampled_count(joined)) if metric in SAMPLED \
+        else intervals.LEVEL
     rows = []
     for _, r in joined.iterrows():
         out = {"change": "-", "ratio_low": None, "ratio_high": None, "vs_machine": None,
@@ -498,16 +540,17 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
             shifted = _shifted(r, rel, probe_move)
             if not speed_ok(r):
                 out["change"] = significance.CANNOT_TELL
-            elif iv is not None and shifted is not None:
+            elif iv is not None and shifted is not None and rel is None:
                 raw = run_to_run.widen(iv, run_to_run.half_width(
                     move.between if move else None, r.get("device_new")))
                 out.update(change=significance.CANNOT_TELL, probe_shift=shifted.factor,
                            ratio_low=raw.low, ratio_high=raw.high,
-                           vs_partners=rel.interval.estimate if rel is not None else None,
                            vs_machine=iv.estimate / move.interval.estimate if move else None)
             elif iv is not None and rel is not None:
-                out["change"], wide = _partners_verdict(
-                    rel, between, threshold, lower, known_departure(r, "unsteadiness"))
+                known = math.hypot(known_departure(r, "unsteadiness"), rounds_shift(r, rel))
+                out["change"], wide = _partners_verdict(rel, between, threshold, lower, known,
+                                                        level)
+                out["probe_shift"] = shifted.factor if shifted is not None else None
                 raw = run_to_run.widen(iv, run_to_run.half_width(
                     move.between if move else None, r.get("device_new")))
                 out.update(ratio_low=raw.low, ratio_high=raw.high, vs_partners=wide.estimate,
@@ -519,7 +562,7 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
             elif iv is not None:
                 device = r.get("device_new", r.get("device_base"))
                 out["change"], wide = _sampled_verdict(iv, move, threshold, lower, device,
-                                                       known_departure(r))
+                                                       known_departure(r), level)
                 out.update(ratio_low=wide.low, ratio_high=wide.high)
                 if move is not None:
                     out["vs_machine"] = wide.estimate / move.interval.estimate
@@ -545,6 +588,12 @@ class Judged:
     relative: dict  # (key, backend) -> paired_diff.Relative, where partners decided
     partners_between: float | None  # their between-run half-width (log), when used
     not_partners: str | None  # why partners were not used, when they were not
+    judged: int = 0  # records judged from their samples at once (``sampled_count``)
+
+    @property
+    def level(self) -> float:
+        """The level of every verdict's interval (``significance.family_level``)."""
+        return significance.family_level(self.judged)
 
 
 def judge(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float,
@@ -557,7 +606,8 @@ def judge(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float,
     relative, between, why = ({}, None, None) if absolute else partners_if_tighter(
         partner_changes(base, new), joined, move)
     return Judged(decide(joined, metric, threshold, move, relative, between), joined, move,
-                  relative, between, why)
+                  relative, between, why,
+                  sampled_count(joined) if metric in SAMPLED else 0)
 
 
 def regressions(decided: pd.DataFrame) -> pd.DataFrame:

@@ -87,21 +87,27 @@ def run(args) -> int:
     elif judged.not_partners:
         print(f"vs_partners: {judged.not_partners}; every record is judged by "
               f"{'vs_machine' if move else 'its raw ratio'}")
-    shifted = decided[decided["probe_shift"].notna()]
-    if not shifted.empty:
-        print(f"probe_shift: {len(shifted)} records cannot tell: the drift probe in their "
-              f"rounds moved between the runs by "
-              f"{shifted['probe_shift'].min():.3g}-{shifted['probe_shift'].max():.3g}x (over "
-              f"the run's move where judged by it), beyond the "
-              f"{probe_shift.limit(device):.3g}x two runs of one machine state "
-              f"show, so the machine under them differed and a change of theirs cannot be "
-              f"told from it")
+    moved = decided[decided["probe_shift"].notna()]
+    limit = (f"beyond the {probe_shift.limit(device):.3g}x two runs of one machine state "
+             f"show")
+    refused, carried = moved[moved["vs_partners"].isna()], moved[moved["vs_partners"].notna()]
+    if not refused.empty:
+        print(f"probe_shift: {len(refused)} records cannot tell: the drift probe in their "
+              f"rounds moved between the runs by {_span(refused)} over the run's move, "
+              f"{limit}, so the machine under them differed and a change of theirs cannot "
+              f"be told from it")
+    if not carried.empty:
+        print(f"probe_shift: {len(carried)} records judged over their partners, whose "
+              f"rounds' drift probe moved between the runs by {_span(carried)}, {limit}: "
+              f"their intervals carry that move as a known departure (a burst slows a "
+              f"record and its partners unevenly)")
     unclear = decided[decided["change"] == "cannot tell"]
     only_base = decided[decided["status_new"].isna()]
     only_new = decided[decided["status_base"].isna()]
     print(f"{len(decided)} joined records, {len(shown)} with the metric in both runs: "
           + ", ".join(f"{n} {c}" for c, n in counts.items())
-          + f" ({metric.better} is better; a change needs its 95% interval, with the "
+          + f" ({metric.better} is better; a change needs its interval, "
+            f"{run_diff.significance.family_text(judged.judged, judged.level)}, with the "
             f"{run_diff.between_text(move.between if move else None, device)}, to exclude 1 "
             f"and "
             f"its estimate beyond {args.threshold:.0%}, from at least "
@@ -154,3 +160,8 @@ def _machine(move, base_meta: dict, new_meta: dict, args) -> None:
               f"mostly agree, and no drift probe in both runs), so a move of the machine "
               f"cannot be told from a change of the code; raw ratios decide"
               + (f". For reference: {info}" if info else ""))
+
+
+def _span(rows) -> str:
+    """'1.16-1.28x': the range of the records' probe moves."""
+    return f"{rows['probe_shift'].min():.3g}-{rows['probe_shift'].max():.3g}x"

@@ -66,6 +66,22 @@ def coverage_note(confidence: float, level: float = LEVEL) -> str:
     return f"{confidence:.0%}" if short_of_level(confidence, level) else ""
 
 
+def rescaled(iv: Interval, level: float) -> Interval:
+    """``iv`` at a wider ``level``: each side's log half-width scaled by the ratio of normal
+    quantiles (an interval built at ``iv.confidence`` knows no finer shape in its tails).
+    Unchanged at or below its own coverage, or when its bounds are not positive."""
+    if level <= iv.confidence or not (iv.low > 0 and iv.high > 0 and iv.estimate > 0) \
+            or not 0 < iv.confidence < 1:
+        return iv
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    k = z(0.5 + level / 2) / z(0.5 + iv.confidence / 2)
+    lo, hi = math.log(iv.estimate / iv.low) * k, math.log(iv.high / iv.estimate) * k
+    return Interval(iv.estimate, iv.estimate * math.exp(-lo), iv.estimate * math.exp(hi),
+                    level, iv.n, iv.method)
+
+
 def _as_samples(samples, name: str = "samples") -> np.ndarray:
     x = np.asarray(samples, dtype=float).ravel()
     if x.size < 1:

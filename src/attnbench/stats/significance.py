@@ -14,6 +14,11 @@ else a bootstrap of the ratio of medians):
 A claim's range is checked on the same terms (``interval_verdict``): the whole interval
 inside the range holds, wholly outside does not, and too few samples decide nothing.
 
+Many verdicts drawn at once (``compare`` answers for every record of two runs) are drawn at
+``family_level``: at 95% each, 71 unchanged records would see about 3.5 of them called by
+chance alone, so each interval is widened to the level at which the whole set expects at
+most ``FALSE_CALLS`` false calls (Bonferroni on the per-family error rate).
+
 No rank test: with 3 samples a side Mann-Whitney cannot go below p = 0.10, so it either
 never calls a change or, with a looser alpha, calls them from samples that cannot carry a
 95% statement (docs/design.md, Statistics).
@@ -39,6 +44,24 @@ WORSE, BETTER, UNCHANGED, CANNOT_TELL = "worse", "better", "unchanged", "cannot 
 RULE = ("a difference is called only when the ratio's 95% interval (paired rounds, else a "
         "bootstrap of the ratio of medians) excludes 1, from at least "
         f"{MIN_SAMPLES} samples a side")
+
+
+FALSE_CALLS = 1.0  # the false calls one set of verdicts drawn at once may expect, at most
+
+
+def family_level(m: int, false_calls: float = FALSE_CALLS) -> float:
+    """The per-verdict level at which ``m`` verdicts drawn at once expect at most
+    ``false_calls`` false ones: ``1 - false_calls / m`` (each verdict's two-sided error
+    rate times ``m``), never below ``LEVEL``."""
+    return max(LEVEL, 1 - false_calls / m) if m > 0 else LEVEL
+
+
+def family_text(m: int, level: float) -> str:
+    """'at 98.6%, so that its 71 verdicts expect at most 1 false call' (or 'at 95%')."""
+    if level <= LEVEL:
+        return f"at {LEVEL:.0%}"
+    return (f"at {level:.1%}, so that its {m} verdicts expect at most {FALSE_CALLS:g} false "
+            f"call{'s' if FALSE_CALLS != 1 else ''}")
 
 
 # Intervals whose ``n`` counts timing samples (a side's, or paired rounds); a pooled
