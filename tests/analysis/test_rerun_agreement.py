@@ -86,6 +86,8 @@ def test_records_timed_under_an_interpreter_are_no_speed():
                          for s, b in zip(new["samples_ms"], new["backend"])]
     decided = rerun_agreement.compare_counts(df, new)
     assert (decided[decided["backend"] == "c"]["change"] == "cannot tell").all()
+    assert (decided[decided["backend"] == "c"]["why"] == "interpreter").all()
+    assert run_diff.why_counts(decided).get("interpreter") == 6
 
 
 def test_a_record_from_before_the_marker_is_known_by_its_kernel_label():
@@ -136,3 +138,29 @@ def test_machine_states_leave_out_what_a_run_did_not_measure():
               "probe": {"gflops_median": 120}}]
     assert rerun_agreement.machine_states(metas) == [
         "machine per run: matmul ceiling float32 0.2, 0.2 TFLOP/s (largest / smallest 1x)"]
+
+
+def test_each_cannot_tell_says_why_and_the_counts_name_the_reasons():
+    """Backend a moved 1.08x between two runs with its code unchanged: its intervals reach
+    both within and beyond the 10% threshold ('wide'); its record of k0 is flagged unsteady
+    by its own samples ('unsteady'; only the new run has the flag's columns, as when an
+    older run is compared with a newer one). The agreement counts name both, for compare
+    and for the planted slowdown it did not find."""
+    rng = np.random.default_rng(7)
+    base = _run(rng, np.ones(18))
+    new = _run(rng, np.ones(18))
+    new["samples_ms"] = [[x * 1.08 for x in s] if b == "a" else s
+                         for s, b in zip(new["samples_ms"], new["backend"])]
+    new["noisy"] = [k == "k0" and b == "a" for k, b in zip(new["key"], new["backend"])]
+    new["noisy_by"] = ["samples" if x else None for x in new["noisy"]]
+    decided = rerun_agreement.compare_counts(base, new)
+    a = decided[decided["backend"] == "a"].set_index("key")
+    assert a.loc["k0", "change"] == "cannot tell" and a.loc["k0", "why"] == "unsteady"
+    assert (a.drop("k0")["change"] == "cannot tell").all()
+    assert (a.drop("k0")["why"] == "wide").all()
+    assert decided.loc[decided["change"] != "cannot tell", "why"].isna().all()
+    assert run_diff.why_counts(decided) == {"wide": 5, "unsteady": 1}
+    got = rerun_agreement.agreement([("r1", base), ("r2", new)])
+    assert got.unclear == {"wide": 5, "unsteady": 1}
+    assert any(x.endswith("(why: 5 wide, 1 unsteady)") for x in got.lines("cpu"))
+    assert sum(got.missed.values()) == sum(n - f for f, n in got.detection.values())

@@ -159,6 +159,8 @@ class Agreement:
     undisturbed_ratio: float | None = None
     compares: list[tuple[str, str, dict[str, int]]] = field(default_factory=list)
     detection: dict[str, tuple[int, int]] = field(default_factory=dict)  # backend: found, of
+    unclear: Counter = field(default_factory=Counter)  # compares' 'cannot tell', by why
+    missed: Counter = field(default_factory=Counter)  # planted records not found, by answer
 
     def lines(self, device=None) -> list[str]:
         """The counts, one line each."""
@@ -182,13 +184,23 @@ class Agreement:
                 f"{counts.get(c, 0)} {c}" for c in ("worse", "better", "unchanged",
                                                      "cannot tell")))
         out.append("compare, all pairs: " + ", ".join(
-            f"{total.get(c, 0)} {c}" for c in ("worse", "better", "unchanged", "cannot tell")))
+            f"{total.get(c, 0)} {c}" for c in ("worse", "better", "unchanged", "cannot tell"))
+            + _reasons(" (why: ", self.unclear, ")"))
         found = sum(f for f, _ in self.detection.values())
         of = sum(n for _, n in self.detection.values())
         out.append(f"planted {PLANTED:g}x slowdown found (called worse): {found} of {of} "
                    f"({_pct(found, of)}); by backend: " + ", ".join(
                        f"{b} {f}/{n}" for b, (f, n) in sorted(self.detection.items())))
+        if self.missed:
+            out.append(_reasons("planted slowdown not found: ", self.missed, ""))
         return out
+
+
+def _reasons(before: str, counts: Counter, after: str) -> str:
+    """'before 52 wide, 4 scattered after' (most first), '' without any."""
+    if not counts:
+        return ""
+    return before + ", ".join(f"{n} {k}" for k, n in counts.most_common()) + after
 
 
 def machine_states(metas: list[dict]) -> list[str]:
@@ -262,8 +274,9 @@ def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
     found: Counter = Counter()
     of: Counter = Counter()
     for (la, a), (lb, b) in itertools.combinations(runs, 2):
-        out.compares.append((la, lb, run_diff.change_counts(
-            compare_counts(a, b, threshold, same_setup))))
+        decided = compare_counts(a, b, threshold, same_setup)
+        out.compares.append((la, lb, run_diff.change_counts(decided)))
+        out.unclear.update(run_diff.why_counts(decided))
         both = set(_ok(a)["backend"]) & set(_ok(b)["backend"])
         for backend in sorted(both):
             decided = compare_counts(a, planted(b, backend, factor), threshold, same_setup)
@@ -272,6 +285,9 @@ def agreement(runs: list[tuple[str, pd.DataFrame]], threshold: float = 0.10,
             mine = mine[[run_diff.speed_ok(r) for _, r in mine.iterrows()]] \
                 if not mine.empty else mine
             found[backend] += int((mine["change"] == "worse").sum())
+            out.missed.update(f"cannot tell: {r['why']}" if r["change"] == "cannot tell"
+                              else str(r["change"]) for _, r in mine.iterrows()
+                              if r["change"] != "worse")
             of[backend] += len(mine)
     out.detection = {b: (found[b], of[b]) for b in of}
     return out

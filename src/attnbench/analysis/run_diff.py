@@ -68,6 +68,16 @@ WITNESS_GAP = 1.25  # the two witnesses of the machine's move disagree beyond th
 MIN_UNEVEN = 3  # records an unchanged backend needs to witness an uneven move
 UNSTEADY_REL = TimingBudget().unsteady_rel  # a change over partners scattered beyond this
 CHANGES = ("worse", "better", "unchanged", "cannot tell", "broke", "fixed")
+# Why a record is 'cannot tell' (the ``why`` column), in the words compare prints.
+WHY = {
+    "interpreter": "timed under an interpreter, no speed",
+    "probe moved": "its rounds' drift probe moved unlike the run's, judged by the machine",
+    "scattered": "its times over its partners scatter beyond unsteady_rel",
+    "unsteady": "its own samples flagged unsteady",
+    "witnesses": "the answer depends on which witness of the machine's move is divided out",
+    "few samples": "fewer samples a side than the rule allows",
+    "wide": "its interval across runs is too wide for either answer",
+}
 
 
 def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -75,8 +85,10 @@ def join_runs(base: pd.DataFrame, new: pd.DataFrame, metric: str) -> pd.DataFram
             "probe_gflops", "probe_readings", "device", "timed_under", "kernel", "noisy",
             "noisy_by"]
     base, new = migrated_keys(base, new)
-    b = _with_departures(base[[c for c in cols if c in base.columns]], base)
-    n = _with_departures(new[[c for c in cols if c in new.columns]], new)
+    # a column only one run has still gets its side's suffix: an older run lacks some
+    cols = [c for c in cols if c in base.columns or c in new.columns]
+    b = _with_departures(base.reindex(columns=cols), base)
+    n = _with_departures(new.reindex(columns=cols), new)
     j = b.merge(n, on=["key", "backend"], how="outer", suffixes=("_base", "_new"))
     for side in ("base", "new"):
         if f"{metric}_{side}" not in j.columns:  # e.g. every record of that run failed
@@ -511,10 +523,11 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
     with its interval (``partners_low/high``), ``probe_shift`` (the factor by which the
     probe in the record's rounds moved beyond its limit: 'cannot tell' over the machine's
     move, a known departure over partners: ``rounds_shift``) and
-    ``code_changed``. ``between``: the partners' between-run half-width when the
-    caller has it (``partners_between``). The intervals a verdict reads (``partners_low/
-    high`` where partners decide, else ``ratio_low/high``) are at the family level of the
-    records judged from samples at once (``sampled_count``, ``significance.family_level``).
+    ``code_changed``, and for a 'cannot tell' record ``why`` (a ``WHY`` key). ``between``:
+    the partners' between-run half-width when the caller has it (``partners_between``).
+    The intervals a verdict reads (``partners_low/high`` where partners decide, else
+    ``ratio_low/high``) are at the family level of the records judged from samples at once
+    (``sampled_count``, ``significance.family_level``).
     """
     m = metrics.get(metric)
     lower = m.better == metrics.LOWER
@@ -528,7 +541,7 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
     for _, r in joined.iterrows():
         out = {"change": "-", "ratio_low": None, "ratio_high": None, "vs_machine": None,
                "vs_partners": None, "partners_low": None, "partners_high": None,
-               "probe_shift": None}
+               "probe_shift": None, "why": None}
         sb, sn = r.get("status_base"), r.get("status_new")
         if sb == "ok" and isinstance(sn, str) and sn != "ok":
             out["change"] = "broke"
@@ -539,11 +552,12 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
             rel = relative.get((r["key"], r["backend"]))
             shifted = _shifted(r, rel, probe_move)
             if not speed_ok(r):
-                out["change"] = significance.CANNOT_TELL
+                out.update(change=significance.CANNOT_TELL, why="interpreter")
             elif iv is not None and shifted is not None and rel is None:
                 raw = run_to_run.widen(iv, run_to_run.half_width(
                     move.between if move else None, r.get("device_new")))
                 out.update(change=significance.CANNOT_TELL, probe_shift=shifted.factor,
+                           why="probe moved",
                            ratio_low=raw.low, ratio_high=raw.high,
                            vs_machine=iv.estimate / move.interval.estimate if move else None)
             elif iv is not None and rel is not None:
@@ -554,16 +568,21 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
                 raw = run_to_run.widen(iv, run_to_run.half_width(
                     move.between if move else None, r.get("device_new")))
                 out.update(ratio_low=raw.low, ratio_high=raw.high, vs_partners=wide.estimate,
-                           partners_low=wide.low, partners_high=wide.high)
+                           partners_low=wide.low, partners_high=wide.high,
+                           why="scattered" if _scattered(rel) else _why(wide))
                 if move is not None:
                     out["vs_machine"] = iv.estimate / move.interval.estimate
             elif iv is not None and unsteady(r):
-                out["change"] = significance.CANNOT_TELL
+                out.update(change=significance.CANNOT_TELL, why="unsteady")
             elif iv is not None:
                 device = r.get("device_new", r.get("device_base"))
                 out["change"], wide = _sampled_verdict(iv, move, threshold, lower, device,
                                                        known_departure(r), level)
-                out.update(ratio_low=wide.low, ratio_high=wide.high)
+                alone = significance.decide(
+                    _relative(wide, move.interval.estimate) if move else wide, threshold,
+                    lower)
+                out.update(ratio_low=wide.low, ratio_high=wide.high,
+                           why="witnesses" if alone != significance.CANNOT_TELL else _why(wide))
                 if move is not None:
                     out["vs_machine"] = wide.estimate / move.interval.estimate
             elif m.worse(r["ratio"], threshold):
@@ -572,10 +591,25 @@ def decide(joined: pd.DataFrame, metric: str, threshold: float,
                 out["change"] = "better"
             else:
                 out["change"] = "unchanged"
+        if out["change"] != significance.CANNOT_TELL:
+            out["why"] = None
         hb, hn = r.get("backend_hash_base"), r.get("backend_hash_new")
         out["code_changed"] = isinstance(hb, str) and isinstance(hn, str) and hb != hn
         rows.append(out)
     return pd.concat([joined.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+
+
+def _why(wide: intervals.Interval) -> str:
+    """Why an interval that reached no verdict reached none (a ``WHY`` key)."""
+    return "few samples" if significance.why_not(wide) else "wide"
+
+
+def why_counts(decided: pd.DataFrame) -> dict[str, int]:
+    """How many 'cannot tell' records each reason (``WHY``) left so, most first."""
+    if "why" not in decided.columns:
+        return {}
+    counts = decided.loc[decided["change"] == significance.CANNOT_TELL, "why"].value_counts()
+    return {str(k): int(v) for k, v in counts.items()}
 
 
 @dataclass(frozen=True)

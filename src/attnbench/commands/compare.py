@@ -113,6 +113,10 @@ def run(args) -> int:
             f"its estimate beyond {args.threshold:.0%}, from at least "
             f"{run_diff.significance.MIN_SAMPLES} samples a side; unchanged needs the "
             f"interval within {args.threshold:.0%})")
+    why = run_diff.why_counts(decided)
+    if why:
+        print("cannot tell, why: " + "; ".join(f"{n} {run_diff.WHY.get(k, k)}"
+                                                for k, n in why.items()))
     print(f"{len(bad)} regression(s)")
     if len(only_base) or len(only_new):
         print(f"missing: {len(only_base)} pair(s) of the base run not in the new one, "
@@ -163,5 +167,6 @@ def _machine(move, base_meta: dict, new_meta: dict, args) -> None:
 
 
 def _span(rows) -> str:
-    """'1.16-1.28x': the range of the records' probe moves."""
-    return f"{rows['probe_shift'].min():.3g}-{rows['probe_shift'].max():.3g}x"
+    """'1.16-1.28x' (or '1.16x'): the range of the records' probe moves."""
+    low, high = f"{rows['probe_shift'].min():.3g}", f"{rows['probe_shift'].max():.3g}"
+    return f"{low}x" if low == high else f"{low}-{high}x"
