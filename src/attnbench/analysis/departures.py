@@ -50,20 +50,25 @@ def run_probe_level(records: pd.DataFrame) -> float | None:
     return float(records["probe_gflops"].dropna().astype(float).median())
 
 
+def of_record(record: dict, level: float | None, budget: TimingBudget | None = None
+              ) -> Departure:
+    """One ok record's ``Departure`` in a run whose probe level is ``level`` (GFLOP/s,
+    ``run_probe_level``), its noise flags decided under ``budget``'s thresholds (the
+    defaults when not given)."""
+    budget = budget or TimingBudget()
+    device = record.get("device")
+    flags = noise.record_flags(record, budget.unsteady_rel, budget.noise_threshold)
+    return Departure(probe_shift.excess(record.get("probe_readings"), level,
+                                        device if isinstance(device, str) else None),
+                     noise.unsteadiness(flags))
+
+
 def known(records: pd.DataFrame, budget: TimingBudget | None = None
           ) -> dict[tuple, Departure]:
     """Each ok record's ``Departure`` by (key, backend), its noise flags decided under
     ``budget``'s thresholds (the defaults when not given)."""
     if records.empty or "status" not in records.columns:
         return {}
-    budget = budget or TimingBudget()
     level = run_probe_level(records)
-    out = {}
-    for _, r in records[records["status"] == "ok"].iterrows():
-        device = r.get("device")
-        flags = noise.record_flags(dict(r), budget.unsteady_rel, budget.noise_threshold)
-        out[(r["key"], r["backend"])] = Departure(
-            probe_shift.excess(r.get("probe_readings"), level,
-                               device if isinstance(device, str) else None),
-            noise.unsteadiness(flags))
-    return out
+    return {(r["key"], r["backend"]): of_record(dict(r), level, budget)
+            for _, r in records[records["status"] == "ok"].iterrows()}

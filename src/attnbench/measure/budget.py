@@ -29,6 +29,9 @@ class TimingBudget:
     # too, whatever the probe said (the samples show the unsteadiness directly)
     unsteady_rel: float = 0.25
     processes: int = 1  # fresh worker processes a group is timed in, samples pooled
+    # a group the run's witnesses read as disturbed is timed again up to this many times
+    # after the first pass, its least disturbed attempt kept (runs/retakes.py)
+    retakes: int = 0
     slow_dtype_factor: float = 0.0  # > 0: skip dtypes whose matmul is that much slower
     check_determinism: bool = False  # run the checked call twice, record bit-identity
     method: str = "events"  # one of TIMING_METHODS

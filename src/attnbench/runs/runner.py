@@ -20,7 +20,14 @@ from attnbench.measure import probe
 from attnbench.measure.ceilings import copy_roof, matmul_roof
 from attnbench.measure.execute import one_line
 from attnbench.measure.worker import InProcessExecutor, IsolatedExecutor, WorkerConfig
-from attnbench.runs import environment, rank_folders, record_files, run_folder, sharding
+from attnbench.runs import (
+    environment,
+    rank_folders,
+    record_files,
+    retakes,
+    run_folder,
+    sharding,
+)
 from attnbench.runs.overrides import resolve_device
 from attnbench.runs.pairing import claim_rounds, job_groups
 from attnbench.runs.suite import Suite
@@ -267,6 +274,11 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
     env_cols = environment.record_fields(env)
     env_id = environment.env_id(env)
     oom = OomTracker()
+    first_pass: list[tuple[list, list[dict]]] = []  # (jobs, rows written) of retakable groups
+
+    def finished(rec: Record) -> dict:
+        return finish_record(rec, run_id, suite.name, env_cols, env_id, ceilings)
+
     with record_files.RecordWriter(run_dir) as writer:
         for group in job_groups(list(bar.iterable), suite.claims, suite.comparisons):
             case0 = group[0][0]
@@ -279,21 +291,37 @@ def run_jobs(bar: tqdm, executor, suite: Suite, run_dir: Path, run_id: str, env:
                     skipped.append(Record.new(case, backend, "skipped", reason))
                 else:
                     todo.append((case, backend))
-            done = executor.run_group(todo, suite.timing, suite.timeout_s,
-                                      claim_rounds(todo, suite.claims)) if todo else []
+            claim = claim_rounds(todo, suite.claims)
+            done = executor.run_group(todo, suite.timing, suite.timeout_s, claim) \
+                if todo else []
+            rows = []
             for rec in skipped + done:
                 if rec.status == "oom":
                     oom.note(rec.case, rec.backend)
-                row = finish_record(rec, run_id, suite.name, env_cols, env_id, ceilings)
-                try:  # (nothing is written when the line cannot be made)
-                    writer.write(row)
-                except (TypeError, ValueError, RecursionError) as exc:
-                    # e.g. a set in prepare()'s extras: that pair fails, the sweep goes on
-                    failed = Record.new(rec.case, rec.backend, "error", one_line(
-                        exc, prefix="its record cannot be written as JSON: "))
-                    writer.write(finish_record(failed, run_id, suite.name, env_cols, env_id,
-                                               ceilings))
+                rows.append(write_row(writer, rec, finished))
                 bar.update(1)
+            if todo and claim is None:
+                first_pass.append((todo, rows[len(skipped):]))
+        for rows in retakes.retaken(
+                first_pass, lambda jobs: [finished(r) for r in executor.run_group(
+                    jobs, suite.timing, suite.timeout_s)], suite.timing, bar.write):
+            for row in rows:
+                writer.write(row)
+
+
+def write_row(writer, rec: Record, finished) -> dict:
+    """Write ``rec``'s row (``finished``: the run's columns added); the row written. A row
+    that cannot be made JSON is written as an error record of its pair instead (e.g. a set
+    in prepare()'s extras: that pair fails, the sweep goes on)."""
+    row = finished(rec)
+    try:  # (nothing is written when the line cannot be made)
+        writer.write(row)
+        return row
+    except (TypeError, ValueError, RecursionError) as exc:
+        failed = finished(Record.new(rec.case, rec.backend, "error", one_line(
+            exc, prefix="its record cannot be written as JSON: ")))
+        writer.write(failed)
+        return failed
 
 
 def finish_record(rec: Record, run_id: str, suite: str, env_cols: dict, env_id: str,

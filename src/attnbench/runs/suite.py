@@ -40,13 +40,14 @@ DEVICE_TYPES = ("cpu", "cuda")  # a sweep's ``devices``: the device types it run
 TIMING_KEYS = {"warmup_s": float, "budget_s": float, "min_reps": int, "max_reps": int,
                "timeout_s": float, "target_rel": float, "noise_threshold": float,
                "unsteady_rel": float, "processes": int, "slow_dtype_factor": float,
-               "rewarm_s": float, "method": str,
+               "rewarm_s": float, "method": str, "retakes": int,
                "setup_timeout_s": float}
 # Upper bounds: beyond them a value is a typo, not a plan (a week, a million samples).
 TIMING_MAX = {"warmup_s": 3600.0, "rewarm_s": 60.0, "budget_s": 86400.0, "timeout_s": 604800.0,
               "setup_timeout_s": 604800.0,
               "min_reps": 1_000_000, "max_reps": 1_000_000, "target_rel": 1.0,
-              "noise_threshold": 100.0, "unsteady_rel": 100.0, "processes": 100}
+              "noise_threshold": 100.0, "unsteady_rel": 100.0, "processes": 100,
+              "retakes": 3}
 # The problem's fields, then every built-in backend parameter (core/knobs.py) by name.
 AXIS_KEYS = Case.columns() + ("seq_len",)
 INT_AXES = ({f.name for f in dataclasses.fields(Case) if f.type in ("int", int)}
@@ -557,7 +558,7 @@ def parse_suite(data: dict, path: Path, known_backends: list[str] | None = None,
             timing[key] = value
             continue
         number = not isinstance(value, bool) and isinstance(value, (int, float))
-        zero_ok = key in ("warmup_s", "rewarm_s")
+        zero_ok = key in ("warmup_s", "rewarm_s", "retakes")
         floor_ok = number and (value >= 0 if zero_ok else value > 0)
         if not floor_ok or not math.isfinite(value) or value > TIMING_MAX.get(key, 1e6) or (
                 kind is int and not isinstance(value, int)):
