@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
+import pandas as pd
 
 from attnbench.analysis import departures
 from attnbench.measure.budget import TimingBudget
@@ -29,12 +30,9 @@ Rows = list[dict]
 
 
 def run_level(groups: Iterable[Rows]) -> float | None:
-    """The run's probe level (GFLOP/s): the median of its ok records' probe rates, as
-    ``departures.run_probe_level`` reads it from the written run; None without any."""
-    rates = [float(r["probe_gflops"]) for rows in groups for r in rows
-             if r.get("status") == "ok" and isinstance(r.get("probe_gflops"), (int, float))
-             and math.isfinite(r["probe_gflops"])]
-    return float(np.median(rates)) if rates else None
+    """The run's probe level (GFLOP/s), read as the analysis reads it from the written run
+    (``departures.run_probe_level``); None without any."""
+    return departures.run_probe_level(pd.DataFrame([r for rows in groups for r in rows]))
 
 
 def timed(rows: Rows) -> set[tuple]:
@@ -48,10 +46,11 @@ def disturbance(rows: Rows, level: float | None, budget: TimingBudget,
     """How disturbed one attempt at a group was: the largest known departure of its timed
     records (``departures.of_record``, log scale; 0: none). inf when it did not time every
     record of ``needed`` (the first attempt's ``timed``): it is never preferred."""
-    if needed is not None and not needed <= timed(rows):
+    mine = timed(rows)
+    if needed is not None and not needed <= mine:
         return math.inf
     return max((departures.of_record(r, level, budget).total for r in rows
-                if (r["key"], r["backend"]) in timed(rows)), default=0.0)
+                if (r["key"], r["backend"]) in mine), default=0.0)
 
 
 def retaken(groups: list[tuple[object, Rows]], time_again: Callable[[object], Rows],

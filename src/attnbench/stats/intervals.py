@@ -66,6 +66,14 @@ def coverage_note(confidence: float, level: float = LEVEL) -> str:
     return f"{confidence:.0%}" if short_of_level(confidence, level) else ""
 
 
+def quantile_ratio(level: float, base: float = LEVEL) -> float:
+    """How much wider a two-sided normal interval at ``level`` is than one at ``base``."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    return z(0.5 + level / 2) / z(0.5 + base / 2)
+
+
 def rescaled(iv: Interval, level: float) -> Interval:
     """``iv`` at a wider ``level``: each side's log half-width scaled by the ratio of normal
     quantiles (an interval built at ``iv.confidence`` knows no finer shape in its tails).
@@ -73,10 +81,7 @@ def rescaled(iv: Interval, level: float) -> Interval:
     if level <= iv.confidence or not (iv.low > 0 and iv.high > 0 and iv.estimate > 0) \
             or not 0 < iv.confidence < 1:
         return iv
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf
-    k = z(0.5 + level / 2) / z(0.5 + iv.confidence / 2)
+    k = quantile_ratio(level, iv.confidence)
     lo, hi = math.log(iv.estimate / iv.low) * k, math.log(iv.high / iv.estimate) * k
     return Interval(iv.estimate, iv.estimate * math.exp(-lo), iv.estimate * math.exp(hi),
                     level, iv.n, iv.method)

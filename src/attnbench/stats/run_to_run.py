@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnbench.stats.intervals import LEVEL, Interval
+from attnbench.stats.intervals import LEVEL, Interval, quantile_ratio
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,7 @@ def at_level(between: float, level: float = LEVEL) -> float:
     at a wider level (a sequential rule's per-look one) carries a wider allowance too."""
     if level == LEVEL or between <= 0:
         return between
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf
-    return between * z(0.5 + level / 2) / z(0.5 + LEVEL / 2)
+    return between * quantile_ratio(level)
 
 
 def slope_allowance(xs, device=None) -> float:
